@@ -1,0 +1,35 @@
+"""npuforge: take a trained network to an int8 program for an NPU, and explain the cost."""
+
+from pathlib import Path
+
+from .errors import NpuforgeError
+from .frontend.onnx_importer import import_onnx
+from .frontend.torch_frontend import export_onnx, from_torch
+from .ir.graph import Graph, Node, Value
+from .ir.textio import MAGIC
+
+__version__ = "0.1.0"
+__all__ = ["Graph", "Node", "Value", "NpuforgeError", "load", "save", "from_torch", "export_onnx", "import_onnx"]
+
+
+def load(path) -> Graph:
+    """Load an ONNX file or a saved npuforge IR (text graph + weights) as a checked Graph."""
+    from .ir import textio
+
+    path = Path(path)
+    if not path.is_file():
+        raise NpuforgeError(f"{path}: no such file")
+    with open(path, "rb") as f:
+        head = f.read(len(MAGIC))
+    if head == MAGIC.encode():
+        graph = textio.load(path)
+        graph.check()
+        return graph
+    return import_onnx(path)
+
+
+def save(graph: Graph, path) -> None:
+    """Write ``graph`` as text at ``path`` plus its weights at ``path`` with suffix .safetensors."""
+    from .ir import textio
+
+    textio.save(graph, path)

@@ -1,0 +1,177 @@
+"""The ``npuforge`` command.
+
+Each subcommand is a small function; user errors (NpuforgeError) print one line
+``npuforge: error: ...`` and exit 2 with no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from .errors import CheckError, NpuforgeError
+
+
+def _load(path: str):
+    from . import load
+
+    return load(path)
+
+
+def cmd_inspect(args) -> int:
+    from .ir.summary import format_summary, summarize
+
+    summary = summarize(_load(args.model))
+    print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
+    return 0
+
+
+def cmd_check(args) -> int:
+    from .ir import textio
+    from .ir.textio import MAGIC
+    from .frontend.onnx_importer import import_onnx
+
+    path = Path(args.model)
+    if not path.is_file():
+        raise NpuforgeError(f"{path}: no such file")
+    with open(path, "rb") as f:
+        is_ir = f.read(len(MAGIC)) == MAGIC.encode()
+    try:
+        graph = textio.load(path) if is_ir else import_onnx(path)
+        graph.check()
+    except CheckError as e:
+        for problem in e.problems:
+            print(f"{path}: {problem}")
+        print(f"{path}: {len(e.problems)} problem(s)")
+        return 1
+    print(f"{path}: ok ({len(graph.nodes)} nodes, {len(graph.values)} values)")
+    return 0
+
+
+def _parse_inputs(graph, specs: list[str]) -> dict:
+    import numpy as np
+
+    feeds = {}
+    for spec in specs:
+        name, sep, file = spec.rpartition("=")
+        if not sep:
+            if len(graph.inputs) != 1:
+                raise NpuforgeError(f"--input {spec}: the graph has {len(graph.inputs)} inputs; write NAME=FILE.npy")
+            name, file = graph.inputs[0], spec
+        try:
+            feeds[name] = np.load(file, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise NpuforgeError(f"--input {spec}: cannot read {file} as .npy ({e})") from None
+    return feeds
+
+
+def cmd_run(args) -> int:
+    import numpy as np
+
+    graph = _load(args.model)
+    results = graph.run(_parse_inputs(graph, args.input))
+    for name, arr in results.items():
+        stats = f"min {arr.min():.6g} max {arr.max():.6g}" if arr.size and arr.dtype.kind in "fiu" else ""
+        print(f"{name}: {arr.dtype}{list(arr.shape)} {stats}")
+    if args.output:
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # write beside the target, then rename: a failed run never leaves half a file
+        with tempfile.NamedTemporaryFile(dir=out.parent, suffix=".npz", delete=False) as tmp:
+            np.savez(tmp, **results)
+        os.replace(tmp.name, out)
+        print(f"wrote {out}")
+    return 0
+
+
+def cmd_ops(args) -> int:
+    from .ops import all_ops
+
+    ops = all_ops()
+    if args.json:
+        print(json.dumps({name: {"inputs": list(op.inputs), "outputs": list(op.outputs), "attrs": sorted(op.attrs),
+                                 "summary": op.summary} for name, op in ops.items()}, indent=2))
+        return 0
+    width = max(len(n) for n in ops)
+    for name, op in ops.items():
+        print(f"{name:<{width}}  {op.summary}")
+    print(f"{len(ops)} ops")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="npuforge",
+        description="Take a trained network (ONNX file, PyTorch module, zoo model) to an int8 NPU program.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("inspect", help="inputs, outputs, op histogram, parameters and MACs of a model",
+                       description="Print what is in a model: inputs and outputs with shapes, the op histogram, "
+                                   "the parameter count and the multiply-accumulates per sample.")
+    p.add_argument("model", help="an ONNX file or a saved npuforge IR")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("check", help="check a model's IR: references, order, cycles, attributes, shapes",
+                       description="Import (or load) a model and run the IR checker; prints each problem with "
+                                   "the node it concerns. Exit 0 when sound, 1 when problems were found.")
+    p.add_argument("model", help="an ONNX file or a saved npuforge IR")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("run", help="run a model in float on .npy inputs",
+                       description="Run a model with npuforge's float executor and save its outputs.")
+    p.add_argument("model", help="an ONNX file or a saved npuforge IR")
+    p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="an input tensor (repeat for several inputs; NAME= may be left out for a one-input model)")
+    p.add_argument("--output", metavar="OUT.npz", help="write the outputs to this .npz file")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("ops", help="list the supported ops (the op registry)",
+                       description="List every op npuforge covers, with a one-line summary of its semantics.")
+    p.add_argument("--json", action="store_true", help="print JSON with inputs, outputs and attributes per op")
+    p.set_defaults(func=cmd_ops)
+
+    p = sub.add_parser("demo", help="the main job: EfficientNet-Lite0 end to end on sample photos",
+                       description="Export EfficientNet-Lite0 with its pretrained ImageNet weights, import it, "
+                                   "check it, and compare npuforge's float run with PyTorch and ONNX Runtime "
+                                   "on real photos. Needs no arguments.")
+    p.add_argument("--data", metavar="DIR", help="a folder of images to classify instead of the built-in photos")
+    p.add_argument("--limit", type=int, default=64, help="at most this many images from --data (default 64)")
+    p.set_defaults(func=cmd_demo)
+
+    try:
+        from .zoo.cli import add_zoo_parser
+    except ImportError:
+        pass
+    else:
+        add_zoo_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except NpuforgeError as e:
+        print(f"npuforge: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("npuforge: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

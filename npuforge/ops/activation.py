@@ -1,0 +1,128 @@
+"""Elementwise activations and Softmax."""
+
+import torch
+import torch.nn.functional as F
+
+from .registry import Op, TensorInfo, fail, norm_axis, register
+
+
+class _Unary(Op):
+    def infer(self, node, ins):
+        x = ins[0]
+        if x.dtype not in ("float16", "float32", "float64"):
+            fail(node, f"expects a float input, got {x.dtype}")
+        return [TensorInfo(x.dtype, x.shape)]
+
+
+@register
+class Relu(_Unary):
+    name = "Relu"
+    summary = "max(x, 0)"
+
+    def forward(self, node, xs):
+        return [F.relu(xs[0])]
+
+
+@register
+class Sigmoid(_Unary):
+    name = "Sigmoid"
+    summary = "1 / (1 + exp(-x))"
+
+    def forward(self, node, xs):
+        return [torch.sigmoid(xs[0])]
+
+
+@register
+class Tanh(_Unary):
+    name = "Tanh"
+    summary = "tanh(x)"
+
+    def forward(self, node, xs):
+        return [torch.tanh(xs[0])]
+
+
+@register
+class HardSigmoid(_Unary):
+    name = "HardSigmoid"
+    attrs = {"alpha": 0.2, "beta": 0.5}
+    summary = "clip(alpha * x + beta, 0, 1)"
+
+    def forward(self, node, xs):
+        return [torch.clamp(node.attrs["alpha"] * xs[0] + node.attrs["beta"], 0.0, 1.0)]
+
+
+@register
+class HardSwish(_Unary):
+    name = "HardSwish"
+    summary = "x * clip(x / 6 + 0.5, 0, 1)"
+
+    def forward(self, node, xs):
+        return [F.hardswish(xs[0])]
+
+
+@register
+class LeakyRelu(_Unary):
+    name = "LeakyRelu"
+    attrs = {"alpha": 0.01}
+    summary = "x if x >= 0 else alpha * x"
+
+    def forward(self, node, xs):
+        return [F.leaky_relu(xs[0], node.attrs["alpha"])]
+
+
+@register
+class PRelu(Op):
+    name = "PRelu"
+    inputs = (2, 2)
+    summary = "x if x >= 0 else slope * x; slope broadcasts to x (unidirectional)"
+
+    def infer(self, node, ins):
+        x, slope = ins
+        if len(slope.shape) > len(x.shape) or any(
+            s != 1 and s != d for s, d in zip(reversed(slope.shape), reversed(x.shape))
+        ):
+            fail(node, f"slope shape {list(slope.shape)} does not broadcast to input shape {list(x.shape)}")
+        return [TensorInfo(x.dtype, x.shape)]
+
+    def forward(self, node, xs):
+        x, slope = xs
+        return [torch.where(x >= 0, x, x * slope)]
+
+
+@register
+class Clip(Op):
+    name = "Clip"
+    inputs = (1, 3)
+    summary = "clamp(x, min, max); min and max optional inputs"
+
+    def infer(self, node, ins):
+        x = ins[0]
+        for bound in ins[1:]:
+            if bound is not None and (bound.shape not in ((), (1,)) or bound.dtype != x.dtype):
+                fail(node, f"min/max must be {x.dtype} scalars, got {bound.dtype}{list(bound.shape)}")
+        return [TensorInfo(x.dtype, x.shape)]
+
+    def forward(self, node, xs):
+        x = xs[0]
+        lo = xs[1] if len(xs) > 1 else None
+        hi = xs[2] if len(xs) > 2 else None
+        if lo is not None:
+            x = torch.maximum(x, lo)
+        if hi is not None:
+            x = torch.minimum(x, hi)
+        return [x]
+
+
+@register
+class Softmax(Op):
+    name = "Softmax"
+    attrs = {"axis": -1}
+    summary = "softmax along one axis (opset 13 semantics)"
+
+    def infer(self, node, ins):
+        x = ins[0]
+        norm_axis(node, node.attrs["axis"], len(x.shape))
+        return [TensorInfo(x.dtype, x.shape)]
+
+    def forward(self, node, xs):
+        return [torch.softmax(xs[0], dim=node.attrs["axis"])]

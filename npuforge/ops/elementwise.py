@@ -1,0 +1,54 @@
+"""Binary arithmetic with numpy broadcasting: Add, Sub, Mul, Div."""
+
+import torch
+
+from .registry import Op, TensorInfo, broadcast_shapes, fail, register
+
+
+class _Binary(Op):
+    inputs = (2, 2)
+
+    def infer(self, node, ins):
+        a, b = ins
+        if a.dtype != b.dtype:
+            fail(node, f"input dtypes differ ({a.dtype} and {b.dtype})")
+        return [TensorInfo(a.dtype, broadcast_shapes(node, a.shape, b.shape))]
+
+
+@register
+class Add(_Binary):
+    name = "Add"
+    summary = "a + b, numpy broadcasting"
+
+    def forward(self, node, xs):
+        return [xs[0] + xs[1]]
+
+
+@register
+class Sub(_Binary):
+    name = "Sub"
+    summary = "a - b, numpy broadcasting"
+
+    def forward(self, node, xs):
+        return [xs[0] - xs[1]]
+
+
+@register
+class Mul(_Binary):
+    name = "Mul"
+    summary = "a * b, numpy broadcasting"
+
+    def forward(self, node, xs):
+        return [xs[0] * xs[1]]
+
+
+@register
+class Div(_Binary):
+    name = "Div"
+    summary = "a / b, numpy broadcasting; integers truncate toward zero"
+
+    def forward(self, node, xs):
+        a, b = xs
+        if a.dtype.is_floating_point:
+            return [a / b]
+        return [torch.div(a, b, rounding_mode="trunc")]

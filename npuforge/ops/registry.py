@@ -1,0 +1,238 @@
+"""The op registry: one class per op, holding everything npuforge knows about it.
+
+An op class gives, side by side:
+
+* ``attrs``: the attributes it accepts, with their defaults (``REQUIRED`` where
+  ONNX has no default). Import fills every default so the IR is explicit.
+* ``from_onnx``: how an ONNX node of opsets 13..21 becomes an IR node (attribute
+  validation, auto_pad resolution, older-opset spellings). The default copies
+  the attributes.
+* ``infer``: the shape rule, from the inputs' :class:`TensorInfo` to the outputs'.
+* ``forward``: the float computation with torch functional ops, batched.
+* ``propagate``: the output *values* when they are known at import time, so that
+  static shape subgraphs (Shape -> Gather -> Concat -> Reshape) give static shapes.
+
+The registry is the single truth of coverage: ``npuforge ops`` prints it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from ..errors import ShapeError, UnsupportedError
+from ..ir import dtypes
+
+REQUIRED = object()
+_REGISTRY: dict[str, "Op"] = {}
+
+# Values are propagated at import only for tensors this small: shape
+# arithmetic, never weights.
+_PROPAGATE_LIMIT = 1 << 16
+
+
+@dataclass
+class TensorInfo:
+    dtype: str
+    shape: tuple | None
+    value: np.ndarray | None = None  # known at import; object dtype if it holds symbolic dims
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+
+class Op:
+    name: ClassVar[str]
+    attrs: ClassVar[dict[str, Any]] = {}
+    # ONNX attributes of older opsets that ``from_onnx`` converts (and removes)
+    onnx_only_attrs: ClassVar[tuple[str, ...]] = ()
+    inputs: ClassVar[tuple[int, int]] = (1, 1)  # min, max input count
+    outputs: ClassVar[tuple[int, int]] = (1, 1)
+    summary: ClassVar[str] = ""
+
+    # -- import --------------------------------------------------------------
+    def from_onnx(self, ctx, node) -> None:
+        """Adjust ``node`` (an IR node whose attrs are the ONNX ones) in place.
+
+        Defaults are already filled and unknown attributes rejected by the
+        importer; override to validate values or resolve spellings.
+        """
+
+    # -- shape rule and values -----------------------------------------------
+    def infer(self, node, ins: list) -> list[TensorInfo]:
+        raise NotImplementedError
+
+    def propagate(self, node, ins: list, outs: list[TensorInfo]) -> list | None:
+        """Output values when every input value is known; None when they are not."""
+        present = [i for i in ins if i is not None]
+        if not present or any(i.value is None or i.value.dtype == object for i in present):
+            return None
+        if sum(i.value.size for i in present) > _PROPAGATE_LIMIT:
+            return None
+        xs = [None if i is None else torch.from_numpy(np.array(i.value)) for i in ins]
+        with torch.no_grad():
+            ys = self.forward(node, xs)
+        return [y.numpy() for y in ys]
+
+    # -- float computation ----------------------------------------------------
+    def forward(self, node, xs: list) -> list:
+        raise NotImplementedError
+
+    # -- cost ---------------------------------------------------------------------
+    def macs(self, node, ins: list, outs: list) -> int:
+        """Multiply-accumulates for static shapes (dynamic dims counted as 1)."""
+        return 0
+
+
+def register(cls):
+    """Class decorator: instantiate the op and enter it under ``cls.name``."""
+    if cls.name in _REGISTRY:
+        raise RuntimeError(f"op {cls.name} registered twice")
+    _REGISTRY[cls.name] = cls()
+    return cls
+
+
+def get_op(name: str, where: str = "") -> Op:
+    _load_all()
+    if name not in _REGISTRY:
+        prefix = f"{where}: " if where else ""
+        raise UnsupportedError(
+            f"{prefix}op '{name}' is not supported; supported ops: {', '.join(sorted(_REGISTRY))}"
+        )
+    return _REGISTRY[name]
+
+
+def all_ops() -> dict[str, Op]:
+    _load_all()
+    return dict(sorted(_REGISTRY.items()))
+
+
+def _load_all() -> None:
+    # Importing the op modules runs their @register decorators.
+    from . import activation, conv, elementwise, linear, normalization, pool, reduce, resize, shape_ops, tensor  # noqa: F401
+
+
+# -- helpers shared by the shape rules ---------------------------------------
+
+
+def fail(node, msg: str):
+    raise ShapeError(f"node '{node.name}' ({node.op}): {msg}")
+
+
+def unsupported(node, msg: str):
+    raise UnsupportedError(f"node '{node.name}' ({node.op}): {msg}")
+
+
+def norm_axis(node, axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        fail(node, f"axis {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
+def broadcast_shapes(node, *shapes) -> tuple:
+    """numpy (multidirectional) broadcasting, with symbolic dims."""
+    rank = max(len(s) for s in shapes)
+    out = []
+    for k in range(rank):
+        dims = [s[len(s) - rank + k] for s in shapes if len(s) - rank + k >= 0]
+        d = 1
+        for x in dims:
+            if x == 1 or x == d:
+                continue
+            if d == 1:
+                d = x
+            elif isinstance(x, int) and isinstance(d, int):
+                fail(node, f"shapes {' and '.join(str(list(s)) for s in shapes)} do not broadcast")
+            elif isinstance(d, str) and isinstance(x, int):
+                d = x  # a dynamic dim broadcast against a fixed one must equal it
+        out.append(d)
+    return tuple(out)
+
+
+def const_ints(node, info, what: str) -> list | None:
+    """A constant integer input as a list (symbolic entries stay str); None if absent."""
+    if info is None:
+        return None
+    if info.value is None:
+        unsupported(node, f"{what} must be known when the graph is imported (a constant or a static shape subgraph)")
+    return [v if isinstance(v, str) else int(v) for v in np.asarray(info.value).reshape(-1).tolist()]
+
+
+def static_dims(node, shape, what: str = "input") -> tuple:
+    if shape is None or any(not isinstance(d, int) for d in shape):
+        unsupported(node, f"{what} shape {shape} must be static here")
+    return tuple(shape)
+
+
+def to_torch_dtype(name: str):
+    return dtypes.to_torch(name)
+
+
+def _factors(dim) -> tuple[int, list]:
+    """A dim as (integer coefficient, symbols): 'N*4' -> (4, ['N'])."""
+    if isinstance(dim, int):
+        return dim, []
+    coef, syms = 1, []
+    for part in dim.split("*"):
+        if part.lstrip("-").isdigit():
+            coef *= int(part)
+        else:
+            syms.append(part)
+    return coef, syms
+
+
+def _join(coef: int, syms: list):
+    if not syms:
+        return coef
+    return "*".join(sorted(syms) + ([str(coef)] if coef != 1 else []))
+
+
+def dim_product(dims):
+    """Product of dims; symbolic dims multiply into a symbolic expression like 'N*4'."""
+    coef, syms = 1, []
+    for d in dims:
+        c, s = _factors(d)
+        coef *= c
+        syms += s
+    return _join(coef, syms)
+
+
+def dim_quotient(node, num, den):
+    """num / den for dims that may be symbolic; the division must be exact."""
+    nc, ns = _factors(num)
+    dc, ds = _factors(den)
+    rest = list(ns)
+    for s in ds:
+        if s not in rest:
+            fail(node, f"cannot divide dimension {num} by {den}")
+        rest.remove(s)
+    if dc == 0 or nc % dc:
+        fail(node, f"dimension {num} is not divisible by {den}")
+    return _join(nc // dc, rest)
+
+
+class Structural(Op):
+    """An op that only moves elements: its values propagate with numpy, so
+    shape tensors holding symbolic dims (object arrays) flow through it."""
+
+    def propagate(self, node, ins, outs):
+        present = [i for i in ins if i is not None]
+        if not present or any(i.value is None for i in present):
+            return None
+        if sum(i.value.size for i in present) > _PROPAGATE_LIMIT:
+            return None
+        values = self.np_forward(node, [None if i is None else i.value for i in ins], outs)
+        if values is None:
+            return None
+        # numpy hands back a bare element for a scalar pick from an object array
+        return [None if v is None else np.asarray(v, dtype=object if isinstance(v, str) else None) for v in values]
+
+    def np_forward(self, node, values: list, outs: list) -> list:
+        raise NotImplementedError
+
+    def forward(self, node, xs):
+        raise NotImplementedError

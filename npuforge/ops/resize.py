@@ -1,0 +1,146 @@
+"""Resize: nearest and (multi)linear, every coordinate transformation mode but
+tf_crop_and_resize, applied one axis at a time.
+
+Coordinates are computed in float32, as ONNX Runtime does, so that nearest
+neighbour ties resolve the same way.
+"""
+
+import math
+
+import numpy as np
+import torch
+
+from .registry import Op, TensorInfo, const_ints, fail, norm_axis, register, static_dims, unsupported
+
+_COORD_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric")
+_NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+_POLICIES = ("stretch", "not_larger", "not_smaller")
+
+
+@register
+class Resize(Op):
+    name = "Resize"
+    inputs = (1, 4)
+    attrs = {
+        "antialias": 0, "axes": [], "coordinate_transformation_mode": "half_pixel", "cubic_coeff_a": -0.75,
+        "exclude_outside": 0, "extrapolation_value": 0.0, "keep_aspect_ratio_policy": "stretch",
+        "mode": "nearest", "nearest_mode": "round_prefer_floor",
+    }
+    summary = "nearest / linear resize by scales or sizes; all coordinate modes but tf_crop_and_resize"
+
+    def from_onnx(self, ctx, node):
+        a = node.attrs
+        if a["mode"] not in ("nearest", "linear"):
+            unsupported(node, f"mode '{a['mode']}' is not supported; use nearest or linear")
+        if a["coordinate_transformation_mode"] not in _COORD_MODES:
+            unsupported(node, f"coordinate_transformation_mode '{a['coordinate_transformation_mode']}' "
+                              f"is not supported; supported: {', '.join(_COORD_MODES)}")
+        if a["nearest_mode"] not in _NEAREST_MODES:
+            unsupported(node, f"nearest_mode '{a['nearest_mode']}' is not one of {', '.join(_NEAREST_MODES)}")
+        if a["keep_aspect_ratio_policy"] not in _POLICIES:
+            unsupported(node, f"keep_aspect_ratio_policy '{a['keep_aspect_ratio_policy']}' is not one of "
+                              f"{', '.join(_POLICIES)}")
+        if a["antialias"]:
+            unsupported(node, "antialias=1 is not supported")
+
+    def plan(self, node, shape, scales, sizes):
+        """Per axis: (output size, float32 scale) for every axis of the input."""
+        rank = len(shape)
+        axes = [norm_axis(node, x, rank) for x in node.attrs["axes"]] or list(range(rank))
+        out = list(shape)
+        scale = [np.float32(1.0)] * rank
+        if scales is not None and len(scales):
+            if sizes is not None and len(sizes):
+                fail(node, "only one of scales and sizes may be given")
+            if len(scales) != len(axes):
+                fail(node, f"scales has {len(scales)} entries for {len(axes)} axes")
+            for ax, s in zip(axes, scales):
+                if s <= 0:
+                    fail(node, f"scale {s} must be positive")
+                if s != 1.0:
+                    dim = static_dims(node, (shape[ax],))[0]
+                    out[ax] = int(math.floor(dim * np.float32(s)))
+                    scale[ax] = np.float32(s)
+        elif sizes is not None and len(sizes):
+            if len(sizes) != len(axes):
+                fail(node, f"sizes has {len(sizes)} entries for {len(axes)} axes")
+            dims = [static_dims(node, (shape[ax],))[0] for ax in axes]
+            policy = node.attrs["keep_aspect_ratio_policy"]
+            if policy != "stretch":
+                ratios = [np.float32(s) / np.float32(d) for s, d in zip(sizes, dims)]
+                r = min(ratios) if policy == "not_larger" else max(ratios)
+                sizes = [int(np.round(np.float32(r) * np.float32(d))) for d in dims]
+                scale_list = [np.float32(r)] * len(axes)
+            else:
+                scale_list = [np.float32(s) / np.float32(d) for s, d in zip(sizes, dims)]
+            for ax, s, sc in zip(axes, sizes, scale_list):
+                out[ax] = int(s)
+                scale[ax] = np.float32(sc)
+        else:
+            fail(node, "needs scales or sizes")
+        return out, scale
+
+    def infer(self, node, ins):
+        x = ins[0]
+        scales = ins[2].value if len(ins) > 2 and ins[2] is not None else None
+        sizes = const_ints(node, ins[3], "sizes") if len(ins) > 3 and ins[3] is not None else None
+        if scales is None and len(ins) > 2 and ins[2] is not None:
+            unsupported(node, "scales must be known when the graph is imported")
+        out, _ = self.plan(node, x.shape, None if scales is None else scales.tolist(), sizes)
+        return [TensorInfo(x.dtype, tuple(out))]
+
+    def source_coords(self, node, n_in: int, n_out: int, scale) -> torch.Tensor:
+        a = node.attrs
+        mode = a["coordinate_transformation_mode"]
+        x = torch.arange(n_out, dtype=torch.float32)
+        s = torch.tensor(scale, dtype=torch.float32)
+        if mode == "half_pixel":
+            return (x + 0.5) / s - 0.5
+        if mode == "pytorch_half_pixel":
+            return (x + 0.5) / s - 0.5 if n_out > 1 else torch.zeros_like(x)
+        if mode == "align_corners":
+            if n_out == 1:
+                return torch.zeros_like(x)
+            return x * torch.tensor(float(n_in - 1), dtype=torch.float32) / float(n_out - 1)
+        if mode == "asymmetric":
+            return x / s
+        # half_pixel_symmetric
+        adjustment = torch.tensor(n_out, dtype=torch.float32) / (s * n_in)
+        center = torch.tensor(n_in / 2, dtype=torch.float32)
+        offset = center * (1 - adjustment)
+        return offset + (x + 0.5) / s - 0.5
+
+    def nearest(self, node, coords: torch.Tensor, n_in: int) -> torch.Tensor:
+        mode = node.attrs["nearest_mode"]
+        if mode == "floor":
+            idx = torch.floor(coords)
+        elif mode == "ceil":
+            idx = torch.ceil(coords)
+        else:
+            fl = torch.floor(coords)
+            tie = coords == fl + 0.5
+            rounded = torch.floor(coords + 0.5)
+            idx = torch.where(tie, fl if mode == "round_prefer_floor" else fl + 1, rounded)
+        return idx.to(torch.int64).clamp(0, n_in - 1)
+
+    def forward(self, node, xs):
+        x = xs[0]
+        scales = xs[2].tolist() if len(xs) > 2 and xs[2] is not None and xs[2].numel() else None
+        sizes = [int(s) for s in xs[3].tolist()] if len(xs) > 3 and xs[3] is not None else None
+        out, scale = self.plan(node, tuple(x.shape), scales, sizes)
+        for axis in range(x.dim()):
+            n_in, n_out = x.shape[axis], out[axis]
+            if n_in == n_out and scale[axis] == 1.0:
+                continue
+            coords = self.source_coords(node, n_in, n_out, scale[axis])
+            if node.attrs["mode"] == "nearest":
+                x = x.index_select(axis, self.nearest(node, coords, n_in))
+                continue
+            coords = coords.clamp(0, n_in - 1)
+            lo = torch.floor(coords).to(torch.int64)
+            hi = (lo + 1).clamp(max=n_in - 1)
+            view = [1] * x.dim()
+            view[axis] = n_out
+            w = (coords - lo.to(torch.float32)).to(x.dtype).reshape(view)
+            x = x.index_select(axis, lo) * (1 - w) + x.index_select(axis, hi) * w
+        return [x]

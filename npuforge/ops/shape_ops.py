@@ -1,0 +1,114 @@
+"""Ops of shape subgraphs: Shape, Gather, Cast, ConstantOfShape.
+
+Their values propagate at import, symbolic dims included, so the Reshape or
+Pad they feed gets a static target.
+"""
+
+import numpy as np
+import onnx.numpy_helper
+import torch
+
+from ..ir import dtypes
+from .registry import REQUIRED, Op, Structural, TensorInfo, const_ints, fail, norm_axis, register, static_dims
+
+
+@register
+class Shape(Op):
+    name = "Shape"
+    attrs = {"start": 0, "end": None}
+    summary = "the input's shape as int64[rank] (start/end window)"
+
+    def window(self, node, rank):
+        start, end = node.attrs["start"], node.attrs["end"]
+        return slice(*slice(start, rank if end is None else end).indices(rank)[:2])
+
+    def infer(self, node, ins):
+        shape = ins[0].shape
+        return [TensorInfo("int64", (len(shape[self.window(node, len(shape))]),))]
+
+    def propagate(self, node, ins, outs):
+        dims = ins[0].shape[self.window(node, len(ins[0].shape))]
+        if all(isinstance(d, int) for d in dims):
+            return [np.array(dims, np.int64)]
+        return [np.array(list(dims), dtype=object)]
+
+    def forward(self, node, xs):
+        shape = tuple(xs[0].shape)
+        return [torch.tensor(shape[self.window(node, len(shape))], dtype=torch.int64)]
+
+
+@register
+class Gather(Structural):
+    name = "Gather"
+    inputs = (2, 2)
+    attrs = {"axis": 0}
+    summary = "take entries along axis at int indices (negative indices count from the end)"
+
+    def infer(self, node, ins):
+        data, idx = ins
+        if idx.dtype not in ("int32", "int64"):
+            fail(node, f"indices must be int32 or int64, got {idx.dtype}")
+        axis = norm_axis(node, node.attrs["axis"], len(data.shape))
+        return [TensorInfo(data.dtype, (*data.shape[:axis], *idx.shape, *data.shape[axis + 1:]))]
+
+    def np_forward(self, node, values, outs):
+        return [np.take(values[0], values[1].astype(np.int64), axis=node.attrs["axis"])]
+
+    def forward(self, node, xs):
+        data, idx = xs
+        axis = node.attrs["axis"] % data.dim()
+        idx = idx.to(torch.int64)
+        idx = torch.where(idx < 0, idx + data.shape[axis], idx)
+        flat = data.index_select(axis, idx.reshape(-1))
+        return [flat.reshape((*data.shape[:axis], *idx.shape, *data.shape[axis + 1:]))]
+
+
+@register
+class Cast(Structural):
+    name = "Cast"
+    attrs = {"to": REQUIRED, "saturate": 1}
+    summary = "convert the element type (float to int truncates toward zero)"
+
+    def from_onnx(self, ctx, node):
+        node.attrs["to"] = dtypes.from_onnx(node.attrs["to"], f"node '{node.name}' (Cast)")
+
+    def infer(self, node, ins):
+        return [TensorInfo(dtypes.check_dtype(node.attrs["to"]), ins[0].shape)]
+
+    def np_forward(self, node, values, outs):
+        v = values[0]
+        if v.dtype == object and node.attrs["to"] in ("int32", "int64"):
+            return [v]  # symbolic dims stay symbolic
+        if v.dtype == object:
+            return None
+        return [v.astype(dtypes.to_numpy(node.attrs["to"]))]
+
+    def propagate(self, node, ins, outs):
+        out = super().propagate(node, ins, outs)
+        return None if out is None or out[0] is None else out
+
+    def forward(self, node, xs):
+        return [xs[0].to(dtypes.to_torch(node.attrs["to"]))]
+
+
+@register
+class ConstantOfShape(Op):
+    name = "ConstantOfShape"
+    attrs = {"value": 0.0, "dtype": "float32"}
+    summary = "a tensor of the given (static) shape filled with one value"
+
+    def from_onnx(self, ctx, node):
+        tensor = node.attrs.get("value")
+        if isinstance(tensor, onnx.TensorProto):
+            arr = onnx.numpy_helper.to_array(tensor).reshape(-1)
+            node.attrs["dtype"] = dtypes.from_numpy(arr.dtype)
+            node.attrs["value"] = arr[0].item() if arr.size else 0
+
+    def infer(self, node, ins):
+        shape = const_ints(node, ins[0], "shape")
+        static_dims(node, shape, "the requested")
+        return [TensorInfo(dtypes.check_dtype(node.attrs["dtype"]), tuple(shape))]
+
+    def forward(self, node, xs):
+        shape = [int(d) for d in xs[0].tolist()]
+        return [torch.full(shape, node.attrs["value"], dtype=dtypes.to_torch(node.attrs["dtype"]))]

@@ -1,0 +1,80 @@
+"""The float executor: runs the IR node by node with each op's torch forward.
+
+Inputs are checked against the graph's declared dtypes and shapes (dynamic
+dims bind once per run); intermediate tensors are freed after their last use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..errors import NpuforgeError, ShapeError
+from ..ir import dtypes
+from ..ir.graph import format_shape
+from ..ops.registry import get_op
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    if not (array.flags.writeable and array.flags.c_contiguous):
+        array = array.copy(order="C")
+    return torch.from_numpy(array)
+
+
+def check_feeds(graph, feeds: dict) -> dict:
+    """Validated torch tensors for the graph inputs (float feeds cast to the declared float type)."""
+    unknown = sorted(set(feeds) - set(graph.inputs))
+    if unknown:
+        raise NpuforgeError(f"unknown input '{unknown[0]}'; the graph's inputs are: {', '.join(graph.inputs)}")
+    bound: dict[str, int] = {}
+    out = {}
+    for name in graph.inputs:
+        if name not in feeds:
+            raise NpuforgeError(f"input '{name}' is missing; the graph's inputs are: {', '.join(graph.inputs)}")
+        v = graph.values[name]
+        arr = np.asarray(feeds[name])
+        want = dtypes.to_numpy(v.dtype)
+        if arr.dtype != want:
+            if np.issubdtype(arr.dtype, np.floating) and v.dtype in dtypes.FLOAT_DTYPES:
+                arr = arr.astype(want)
+            else:
+                raise NpuforgeError(f"input '{name}' should be {v.dtype}, got {arr.dtype}")
+        ok = arr.ndim == len(v.shape)
+        for got, dim in zip(arr.shape, v.shape if ok else ()):
+            if isinstance(dim, int):
+                ok &= got == dim
+            elif "*" not in dim and "+" not in dim:
+                ok &= bound.setdefault(dim, got) == got
+        if not ok:
+            raise ShapeError(f"input '{name}' has shape {list(arr.shape)}, expected {format_shape(v.shape)}")
+        out[name] = _as_tensor(arr)
+    return out
+
+
+def run_float(graph, feeds: dict, outputs: list[str] | None = None) -> dict:
+    wanted = list(outputs or graph.outputs)
+    for name in wanted:
+        if name not in graph.values:
+            raise NpuforgeError(f"'{name}' is not a value of the graph")
+    env: dict[str, torch.Tensor] = check_feeds(graph, feeds)
+    for v in graph.constants():
+        env[v.name] = _as_tensor(v.data)
+    last_use = {}
+    for index, node in enumerate(graph.nodes):
+        for name in node.inputs:
+            last_use[name] = index
+    keep = set(wanted)
+    with torch.no_grad():
+        for index, node in enumerate(graph.nodes):
+            xs = [env[name] if name else None for name in node.inputs]
+            try:
+                ys = get_op(node.op).forward(node, xs)
+            except (RuntimeError, ValueError, IndexError) as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise NpuforgeError(f"node '{node.name}' ({node.op}) failed: {first}") from None
+            for name, y in zip(node.outputs, ys):
+                env[name] = y
+            for name in node.inputs:
+                if name and last_use.get(name) == index and name not in keep and not graph.values[name].is_const:
+                    del env[name]
+    return {name: env[name].numpy() for name in wanted}
