@@ -147,20 +147,29 @@ class ConvTranspose(Op):
         if auto_pad == "VALID":
             a["pads"] = [0] * (2 * nsp)
         elif target or auto_pad != "NOTSET":
+            # ONNX Runtime's rule (the oracle; the spec text is ambiguous here),
+            # measured: pad the full output down to the target with the larger
+            # half at the end under SAME_UPPER, at the start otherwise (SAME_LOWER,
+            # or NOTSET with output_shape); an output_shape past the full size
+            # grows the tail, while auto_pad alone never grows the output.
             spatial = static_dims(node, x.shape[2:])
-            if not target:
+            explicit = bool(target)
+            if not explicit:
                 target = [size * s for size, s in zip(spatial, a["strides"])]
             if len(target) != nsp:
                 unsupported(node, f"output_shape {target} does not have {nsp} spatial entries")
-            total = []
+            heads, tails = [], []
             for i in range(nsp):
                 full = a["strides"][i] * (spatial[i] - 1) + a["output_padding"][i]
                 full += (a["kernel_shape"][i] - 1) * a["dilations"][i] + 1
-                if full < target[i]:
-                    unsupported(node, f"output_shape {target} is larger than the unpadded output size {full}")
-                total.append(full - target[i])
-            # ONNX: SAME_UPPER puts the smaller half first; NOTSET with output_shape follows SAME_UPPER
-            a["pads"] = same_pads("SAME_UPPER" if auto_pad == "NOTSET" else auto_pad, total)
+                total = full - target[i]
+                if total < 0 and explicit:
+                    a["output_padding"][i] -= total
+                total = max(total, 0)
+                small, big = total // 2, total - total // 2
+                heads.append(small if auto_pad == "SAME_UPPER" else big)
+                tails.append(big if auto_pad == "SAME_UPPER" else small)
+            a["pads"] = heads + tails
 
     def infer(self, node, ins):
         x, w = ins[0], ins[1]

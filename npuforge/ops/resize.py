@@ -1,8 +1,8 @@
 """Resize: nearest and (multi)linear, every coordinate transformation mode but
 tf_crop_and_resize, applied one axis at a time.
 
-Coordinates are computed in float32, as ONNX Runtime does, so that nearest
-neighbour ties resolve the same way.
+Coordinates are computed with ONNX Runtime's float arithmetic, so that
+nearest-neighbour ties resolve the same way.
 """
 
 import math
@@ -90,25 +90,25 @@ class Resize(Op):
         return [TensorInfo(x.dtype, tuple(out))]
 
     def source_coords(self, node, n_in: int, n_out: int, scale) -> torch.Tensor:
-        a = node.attrs
-        mode = a["coordinate_transformation_mode"]
-        x = torch.arange(n_out, dtype=torch.float32)
-        s = torch.tensor(scale, dtype=torch.float32)
-        if mode == "half_pixel":
-            return (x + 0.5) / s - 0.5
-        if mode == "pytorch_half_pixel":
-            return (x + 0.5) / s - 0.5 if n_out > 1 else torch.zeros_like(x)
-        if mode == "align_corners":
-            if n_out == 1:
-                return torch.zeros_like(x)
-            return x * torch.tensor(float(n_in - 1), dtype=torch.float32) / float(n_out - 1)
-        if mode == "asymmetric":
-            return x / s
-        # half_pixel_symmetric
-        adjustment = torch.tensor(n_out, dtype=torch.float32) / (s * n_in)
-        center = torch.tensor(n_in / 2, dtype=torch.float32)
-        offset = center * (1 - adjustment)
-        return offset + (x + 0.5) / s - 0.5
+        """Source coordinate of every output index, with ONNX Runtime's float
+        arithmetic (float32, but float64 inside half_pixel_symmetric)."""
+        mode = node.attrs["coordinate_transformation_mode"]
+        f32 = np.float32
+        x = np.arange(n_out, dtype=f32)
+        s = f32(scale)
+        if mode == "half_pixel" or (mode == "pytorch_half_pixel" and n_out > 1):
+            c = (x + f32(0.5)) / s - f32(0.5)
+        elif mode == "asymmetric":
+            c = x / s
+        elif mode == "align_corners" and n_out > 1:
+            c = x * f32(n_in - 1) / f32(n_out - 1)
+        elif mode == "half_pixel_symmetric":
+            adjustment = f32(n_out) / (s * f32(n_in))
+            offset = f32(n_in) / f32(2) * (f32(1) - adjustment)
+            c = (np.float64(offset) + (x.astype(np.float64) + 0.5) / np.float64(s) - 0.5).astype(f32)
+        else:  # a single output position
+            c = np.zeros(n_out, f32)
+        return torch.from_numpy(c)
 
     def nearest(self, node, coords: torch.Tensor, n_in: int) -> torch.Tensor:
         mode = node.attrs["nearest_mode"]

@@ -427,6 +427,8 @@ class Pad(Op):
             return [F.pad(x, torch_pad_arg(full), value=value)]
         for axis in range(rank):
             before, after = full[axis], full[axis + rank]
-            if before or after:
-                x = x.index_select(axis, _pad_index(x.shape[axis], before, after, mode))
+            # negative pads crop first; the padding then reads the cropped tensor (as ONNX Runtime does)
+            x = x.narrow(axis, -min(before, 0), x.shape[axis] + min(before, 0) + min(after, 0))
+            if before > 0 or after > 0:
+                x = x.index_select(axis, _pad_index(x.shape[axis], max(before, 0), max(after, 0), mode))
         return [x]

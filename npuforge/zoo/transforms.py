@@ -1,0 +1,76 @@
+"""Image preprocessing with Pillow and NumPy (no torchvision).
+
+``eval_transform(config)`` returns a callable PIL image -> float32 CHW array:
+resize the short side to ``config.resize_size`` (the same integer rounding as
+torchvision's ``Resize(int)``), center-crop ``config.crop_size`` (torchvision's
+rounding), then ``(pixel - mean) / std`` with pixels in 0..255.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+_RESAMPLE = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "lanczos": Image.Resampling.LANCZOS,
+}
+
+
+def resize_short_side(img: Image.Image, size: int, interpolation: str = "bilinear") -> Image.Image:
+    w, h = img.size
+    short, long = (w, h) if w <= h else (h, w)
+    if short == size:
+        return img
+    new_short, new_long = size, int(size * long / short)
+    new_w, new_h = (new_short, new_long) if w <= h else (new_long, new_short)
+    return img.resize((new_w, new_h), _RESAMPLE[interpolation])
+
+
+def center_crop(img: Image.Image, size: tuple[int, int]) -> Image.Image:
+    th, tw = size
+    w, h = img.size
+    if tw > w or th > h:  # pad like torchvision: zeros around the image
+        canvas = Image.new(img.mode, (max(w, tw), max(h, th)))
+        canvas.paste(img, ((max(w, tw) - w) // 2, (max(h, th) - h) // 2))
+        img, (w, h) = canvas, canvas.size
+    top = int(round((h - th) / 2.0))
+    left = int(round((w - tw) / 2.0))
+    return img.crop((left, top, left + tw, top + th))
+
+
+def normalize(arr: np.ndarray, mean, std) -> np.ndarray:
+    """HWC uint8 -> CHW float32 ``(x - mean) / std``."""
+    x = arr.astype(np.float32)
+    x = (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+    return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+class EvalTransform:
+    def __init__(self, resize_size: int, crop_size: tuple[int, int], interpolation: str, mean, std):
+        self.resize_size = resize_size
+        self.crop_size = tuple(crop_size)
+        self.interpolation = interpolation
+        self.mean = tuple(mean)
+        self.std = tuple(std)
+
+    def __call__(self, img: Image.Image) -> np.ndarray:
+        img = img.convert("RGB")
+        img = center_crop(resize_short_side(img, self.resize_size, self.interpolation), self.crop_size)
+        return normalize(np.asarray(img), self.mean, self.std)
+
+    def __repr__(self) -> str:
+        return (f"EvalTransform(resize {self.resize_size} {self.interpolation}, crop {self.crop_size}, "
+                f"mean {self.mean}, std {self.std})")
+
+
+def eval_transform(config, image_size: int | tuple[int, int] | None = None) -> EvalTransform:
+    """The evaluation preprocessing of a :class:`PretrainedConfig` (optionally at another crop size)."""
+    crop = config.crop_size
+    resize = config.resize_size
+    if image_size is not None:
+        crop = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        resize = int(max(crop) / config.crop_pct)
+    return EvalTransform(resize, crop, config.interpolation, config.mean, config.std)
