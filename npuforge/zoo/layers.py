@@ -2,8 +2,8 @@
 
 TF-style "same" padding is resolved statically for the configured input size:
 a symmetric amount becomes Conv2d's own ``padding=`` (no extra ONNX node); an
-asymmetric one becomes one ``nn.ZeroPad2d`` (a single ONNX Pad with constant
-pads). Nothing is computed from the runtime shape, so the exported graph holds
+asymmetric one becomes one ``StaticZeroPad2d`` (an ``nn.ZeroPad2d`` that exports
+as a single ONNX Pad with constant pads). Nothing is computed from the runtime shape, so the exported graph holds
 no Shape/Slice/Pad chains.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -24,6 +25,39 @@ def tf_same_pads(size: int, kernel: int, stride: int, dilation: int = 1) -> tupl
 
 def same_out_size(size: int, stride: int) -> int:
     return math.ceil(size / stride)
+
+
+class _ConstantPad(torch.autograd.Function):
+    """F.pad whose ONNX export is one Pad node with a constant ``pads`` input.
+
+    torch's own symbolic for ``constant_pad_nd`` computes the pads at run time
+    (ConstantOfShape/Concat/Reshape/Slice/Transpose/Cast before the Pad), which
+    an NPU toolchain should not have to fold.
+    """
+
+    @staticmethod
+    def forward(ctx, x, pads):
+        ctx.pads = pads
+        return F.pad(x, pads)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return F.pad(grad, tuple(-p for p in ctx.pads)), None
+
+    @staticmethod
+    def symbolic(g, x, pads):
+        left, right, top, bottom = pads
+        onnx_pads = g.op("Constant", value_t=torch.tensor([0, 0, top, left, 0, 0, bottom, right], dtype=torch.int64))
+        return g.op("Pad", x, onnx_pads, mode_s="constant")
+
+
+class StaticZeroPad2d(nn.ZeroPad2d):
+    """nn.ZeroPad2d that exports as a single ONNX Pad with constant pads."""
+
+    def forward(self, x):
+        if torch.onnx.is_in_onnx_export():
+            return _ConstantPad.apply(x, tuple(self.padding))
+        return F.pad(x, self.padding)
 
 
 class ConvBNAct(nn.Sequential):
@@ -43,7 +77,7 @@ class ConvBNAct(nn.Sequential):
             if ph[0] == ph[1] and pw[0] == pw[1]:
                 padding = (ph[0], pw[0])
             else:
-                self.pad = nn.ZeroPad2d((pw[0], pw[1], ph[0], ph[1]))
+                self.pad = StaticZeroPad2d((pw[0], pw[1], ph[0], ph[1]))
                 padding = 0
         else:
             padding = (kernel - 1) // 2

@@ -12,7 +12,13 @@ from torch import nn
 from .registry import PretrainedConfig, register_model
 
 
+def shuffle_permutation(channels: int, groups: int) -> torch.Tensor:
+    """Channel order of a channel shuffle: the (groups, channels/groups) -> transposed layout."""
+    return torch.arange(channels).view(groups, channels // groups).t().reshape(-1)
+
+
 def channel_shuffle(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """The textbook view/transpose/view form (for reference; the units use a static gather)."""
     b, c, h, w = x.shape
     x = x.view(b, groups, c // groups, h, w).transpose(1, 2).contiguous()
     return x.view(b, c, h, w)
@@ -27,6 +33,10 @@ class InvertedResidual(nn.Module):
         super().__init__()
         self.stride = stride
         bf = cout // 2
+        self.split = bf
+        # Split with constant sizes and a Gather with a constant permutation export as plain ONNX;
+        # chunk() and view(b, g, c/g, h, w) would export shape arithmetic on the dynamic batch.
+        self.register_buffer("shuffle", shuffle_permutation(cout, 2), persistent=False)
         if stride > 1:
             self.branch1 = nn.Sequential(_dw(cin, stride), nn.BatchNorm2d(cin), nn.Conv2d(cin, bf, 1, bias=False),
                                          nn.BatchNorm2d(bf), nn.ReLU(inplace=True))
@@ -39,11 +49,11 @@ class InvertedResidual(nn.Module):
 
     def forward(self, x):
         if self.stride == 1:
-            x1, x2 = x.chunk(2, dim=1)
+            x1, x2 = torch.split(x, [self.split, self.split], dim=1)
             out = torch.cat((x1, self.branch2(x2)), dim=1)
         else:
             out = torch.cat((self.branch1(x), self.branch2(x)), dim=1)
-        return channel_shuffle(out, 2)
+        return torch.index_select(out, 1, self.shuffle)
 
 
 class ShuffleNetV2(nn.Module):
