@@ -1,0 +1,165 @@
+"""The npuforge command: outputs and user errors (one line, exit 2, no traceback)."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from npuforge.cli import main
+from onnx_builders import one_node_model
+
+
+@pytest.fixture
+def conv_model(tmp_path):
+    model, _ = one_node_model("Conv", [("x", np.ones((1, 3, 8, 8), np.float32)),
+                                       ("w", np.ones((4, 3, 3, 3), np.float32))], {"pads": [1, 1, 1, 1]},
+                              consts={"w"})
+    path = tmp_path / "conv.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_user_error(code, err, *fragments):
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("npuforge: error: "), err
+    for f in fragments:
+        assert f in lines[0], lines[0]
+
+
+def test_inspect_json(capsys, conv_model):
+    code, out, _ = run_cli(capsys, "inspect", conv_model, "--json")
+    assert code == 0
+    info = json.loads(out)
+    assert info["ops"] == {"Conv": 1}
+    assert info["parameters"] == 4 * 3 * 3 * 3
+    assert info["macs"] == 4 * 8 * 8 * 3 * 3 * 3
+    assert info["inputs"] == [{"name": "x", "dtype": "float32", "shape": [1, 3, 8, 8]}]
+
+
+def test_inspect_table(capsys, conv_model):
+    code, out, _ = run_cli(capsys, "inspect", conv_model)
+    assert code == 0 and "Conv" in out and "MACs" in out and "x: float32[1,3,8,8]" in out
+
+
+def test_check_ok(capsys, conv_model):
+    code, out, _ = run_cli(capsys, "check", conv_model)
+    assert code == 0 and "ok (1 nodes" in out
+
+
+def test_check_reports_problems_of_a_saved_ir(capsys, tmp_path, conv_model):
+    import npuforge
+
+    npuforge.save(npuforge.load(conv_model), tmp_path / "m.nfir")
+    text = (tmp_path / "m.nfir").read_text().replace("y0: float32[1,4,8,8]", "y0: float32[1,4,8,9]")
+    (tmp_path / "m.nfir").write_text(text)
+    code, out, _ = run_cli(capsys, "check", tmp_path / "m.nfir")
+    assert code == 1
+    assert "node 'the_node' (Conv): output 'y0' is recorded as float32[1,4,8,9]" in out
+
+
+def test_run_writes_outputs(capsys, tmp_path, conv_model):
+    np.save(tmp_path / "x.npy", np.ones((1, 3, 8, 8), np.float32))
+    code, out, _ = run_cli(capsys, "run", conv_model, "--input", f"x={tmp_path / 'x.npy'}",
+                           "--output", tmp_path / "out.npz")
+    assert code == 0
+    y = np.load(tmp_path / "out.npz")["y0"]
+    assert y.shape == (1, 4, 8, 8) and y[0, 0, 3, 3] == 27
+
+
+def test_ops_lists_registry(capsys):
+    code, out, _ = run_cli(capsys, "ops")
+    assert code == 0 and "ConvTranspose" in out and "Resize" in out
+
+
+def test_corrupt_onnx(capsys, tmp_path):
+    bad = tmp_path / "garbage.onnx"
+    bad.write_bytes(b"\x08\x07this is not a protobuf at all \xff\xfe" * 10)
+    code, _, err = run_cli(capsys, "inspect", bad)
+    assert_user_error(code, err, str(bad), "corrupt")
+
+
+def test_truncated_onnx(capsys, tmp_path, conv_model):
+    data = conv_model.read_bytes()
+    for cut in (len(data) // 3, len(data) - 7):
+        trunc = tmp_path / f"trunc{cut}.onnx"
+        trunc.write_bytes(data[:cut])
+        code, _, err = run_cli(capsys, "check", trunc)
+        assert_user_error(code, err, str(trunc))
+
+
+def test_missing_file(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "inspect", tmp_path / "nope.onnx")
+    assert_user_error(code, err, "nope.onnx", "no such file")
+
+
+def test_unsupported_op(capsys, tmp_path):
+    node = helper.make_node("Einsum", ["a", "b"], ["c"], name="mix", equation="ij,jk->ik")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3]),
+                                            helper.make_tensor_value_info("b", TensorProto.FLOAT, [3, 4])],
+                              [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2, 4])])
+    path = tmp_path / "einsum.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    code, _, err = run_cli(capsys, "inspect", path)
+    assert_user_error(code, err, "node 'mix'", "op 'Einsum' is not supported", "supported ops: Add")
+
+
+def test_unsupported_attribute_value(capsys, tmp_path):
+    model, _ = one_node_model("Resize", [("x", np.ones((1, 1, 4, 4), np.float32)), ("roi", None),
+                                         ("scales", np.array([1, 1, 2, 2], np.float32))],
+                              {"mode": "cubic"}, consts={"scales"})
+    onnx.save(model, tmp_path / "cubic.onnx")
+    code, _, err = run_cli(capsys, "check", tmp_path / "cubic.onnx")
+    assert_user_error(code, err, "node 'the_node' (Resize)", "mode 'cubic' is not supported")
+
+
+def test_unsupported_opset(capsys, tmp_path):
+    model, _ = one_node_model("Relu", [("x", np.ones((2,), np.float32))], opset=11)
+    onnx.save(model, tmp_path / "old.onnx")
+    code, _, err = run_cli(capsys, "inspect", tmp_path / "old.onnx")
+    assert_user_error(code, err, "opset 11 is not supported", "opset_version")
+
+
+def test_missing_external_data(capsys, tmp_path):
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    model, _ = one_node_model("Conv", [("x", np.ones((1, 3, 8, 8), np.float32)),
+                                       ("w", np.ones((64, 3, 3, 3), np.float32))], consts={"w"})
+    convert_model_to_external_data(model, all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    onnx.save(model, tmp_path / "ext.onnx")
+    (tmp_path / "weights.bin").unlink()
+    code, _, err = run_cli(capsys, "inspect", tmp_path / "ext.onnx")
+    assert_user_error(code, err, "initializer 'w'", "weights.bin", "missing")
+
+
+def test_wrong_input_shape_keeps_existing_output(capsys, tmp_path, conv_model):
+    np.save(tmp_path / "x.npy", np.ones((1, 3, 9, 8), np.float32))
+    (tmp_path / "out.npz").write_bytes(b"precious")
+    code, _, err = run_cli(capsys, "run", conv_model, "--input", f"x={tmp_path / 'x.npy'}",
+                           "--output", tmp_path / "out.npz")
+    assert_user_error(code, err, "input 'x' has shape [1, 3, 9, 8], expected [1,3,8,8]")
+    assert (tmp_path / "out.npz").read_bytes() == b"precious"
+
+
+def test_unreadable_input_file(capsys, tmp_path, conv_model):
+    (tmp_path / "x.npy").write_text("not numpy")
+    code, _, err = run_cli(capsys, "run", conv_model, "--input", str(tmp_path / "x.npy"))
+    assert_user_error(code, err, "cannot read", "x.npy")
+
+
+def test_console_script_exit_code_and_no_traceback(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"junk")
+    proc = subprocess.run([sys.executable, "-m", "npuforge.cli", "inspect", str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and proc.stderr.startswith("npuforge: error: ")
