@@ -21,7 +21,8 @@ def small_graph() -> Graph:
     g.add_const("b", np.zeros(4, np.float32))
     g.add_value(Value("y", "float32", ("N", 4, 8, 8)))
     g.add_value(Value("z", "float32", ("N", 4, 8, 8)))
-    conv = {"dilations": [1, 1], "group": 1, "kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [1, 1]}
+    conv = {"dilations": [1, 1], "group": 1, "kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [1, 1],
+            "activation": "", "activation_params": []}
     g.nodes.append(Node("conv", "Conv", ["x", "w", "b"], ["y"], conv))
     g.nodes.append(Node("relu", "Relu", ["y"], ["z"], {}))
     g.outputs.append("z")

@@ -410,3 +410,42 @@ def test_all_listed_ops_are_registered():
     Add Sub Mul Div MaxPool AveragePool GlobalAveragePool Gemm MatMul Flatten Reshape Transpose Concat Split Slice
     Pad Resize Softmax ReduceMean Squeeze Unsqueeze Identity Dropout Shape Gather Cast ConstantOfShape""".split()
     assert not set(listed) - set(all_ops())
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu(approximate):
+    check_op("Gelu", [("x", rand(2, 3, 7, lo=-5, hi=5))], {"approximate": approximate}, opset=20)
+
+
+@pytest.mark.parametrize("activation,params,ref", [
+    ("Relu", [], lambda y: np.maximum(y, 0)),
+    ("Clip", [0.0, 6.0], lambda y: np.clip(y, 0, 6)),
+    ("LeakyRelu", [0.1], lambda y: np.where(y >= 0, y, 0.1 * y)),
+])
+def test_fused_activation_on_conv_and_gemm(activation, params, ref):
+    from onnx_builders import one_node_model, run_ort
+
+    import npuforge
+    for op, inputs, consts in (
+        ("Conv", [("x", rand(1, 3, 6, 6)), ("w", rand(4, 3, 3, 3)), ("b", rand(4))], {"w", "b"}),
+        ("Gemm", [("x", rand(2, 5)), ("w", rand(5, 4)), ("b", rand(4))], {"w", "b"}),
+    ):
+        model, feeds = one_node_model(op, inputs, consts=consts)
+        plain = run_ort(model, feeds)[0]
+        graph = npuforge.import_onnx(model)
+        graph.nodes[0].attrs.update(activation=activation, activation_params=params)
+        graph.check()
+        out = graph.run(feeds)[graph.outputs[0]]
+        np.testing.assert_allclose(out, ref(plain), rtol=1e-5, atol=1e-5)
+
+
+def test_swish():
+    import npuforge
+    from onnx_builders import one_node_model
+
+    model, feeds = one_node_model("Sigmoid", [("x", rand(3, 4, lo=-6, hi=6))])
+    graph = npuforge.import_onnx(model)
+    graph.nodes[0].op = "Swish"
+    graph.check()
+    x = feeds["x"]
+    np.testing.assert_allclose(graph.run(feeds)["y0"], x / (1 + np.exp(-x)), rtol=1e-6, atol=1e-6)

@@ -1,9 +1,38 @@
-"""Elementwise activations and Softmax."""
+"""Elementwise activations, Softmax, and the activations a Conv or Gemm can carry fused."""
 
 import torch
 import torch.nn.functional as F
 
-from .registry import Op, TensorInfo, fail, norm_axis, register
+from .registry import Op, TensorInfo, fail, norm_axis, register, unsupported
+
+# Activations a Conv / Gemm may carry in its ``activation`` attribute (set by the
+# fusion pass), with what ``activation_params`` holds for each.
+FUSED_ACTIVATIONS = {
+    "": (),
+    "Relu": (),
+    "Clip": ("min", "max"),
+    "LeakyRelu": ("alpha",),
+}
+FUSED_ATTRS = {"activation": "", "activation_params": []}
+
+
+def check_fused(node) -> None:
+    name, params = node.attrs["activation"], node.attrs["activation_params"]
+    if name not in FUSED_ACTIVATIONS:
+        unsupported(node, f"fused activation '{name}' is not one of {', '.join(a for a in FUSED_ACTIVATIONS if a)}")
+    if len(params) != len(FUSED_ACTIVATIONS[name]):
+        fail(node, f"activation {name} takes params {list(FUSED_ACTIVATIONS[name])}, got {params}")
+
+
+def apply_fused(node, y: torch.Tensor) -> torch.Tensor:
+    name, params = node.attrs["activation"], node.attrs["activation_params"]
+    if name == "":
+        return y
+    if name == "Relu":
+        return F.relu(y)
+    if name == "Clip":
+        return torch.clamp(y, params[0], params[1])
+    return F.leaky_relu(y, params[0])
 
 
 class _Unary(Op):
@@ -58,6 +87,29 @@ class HardSwish(_Unary):
 
     def forward(self, node, xs):
         return [F.hardswish(xs[0])]
+
+
+@register
+class Swish(_Unary):
+    name = "Swish"
+    summary = "x * sigmoid(x) (npuforge op, recognised from that pattern)"
+
+    def forward(self, node, xs):
+        return [F.silu(xs[0])]
+
+
+@register
+class Gelu(_Unary):
+    name = "Gelu"
+    attrs = {"approximate": "none"}
+    summary = "x * Phi(x), exact (erf) or tanh approximation (ONNX opset 20)"
+
+    def from_onnx(self, ctx, node):
+        if node.attrs["approximate"] not in ("none", "tanh"):
+            unsupported(node, f"approximate '{node.attrs['approximate']}' is not one of none, tanh")
+
+    def forward(self, node, xs):
+        return [F.gelu(xs[0], approximate=node.attrs["approximate"])]
 
 
 @register

@@ -7,6 +7,7 @@ its padding; asymmetric pads are applied with an explicit zero pad.
 import torch
 import torch.nn.functional as F
 
+from .activation import FUSED_ATTRS, apply_fused, check_fused
 from .registry import Op, TensorInfo, fail, register, static_dims, unsupported
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -61,9 +62,10 @@ def _check_rank(node, x, w):
 class Conv(Op):
     name = "Conv"
     inputs = (2, 3)
-    attrs = {"dilations": [], "group": 1, "kernel_shape": [], "pads": [], "strides": []}
+    attrs = {"dilations": [], "group": 1, "kernel_shape": [], "pads": [], "strides": [], **FUSED_ATTRS}
     onnx_only_attrs = ("auto_pad",)
-    summary = "N-d convolution, groups, dilations, explicit asymmetric pads (auto_pad resolved at import)"
+    summary = ("N-d convolution, groups, dilations, explicit asymmetric pads (auto_pad resolved at import); "
+               "optional fused activation")
 
     def from_onnx(self, ctx, node):
         x, w = ctx.info(node.inputs[0]), ctx.info(node.inputs[1])
@@ -85,6 +87,7 @@ class Conv(Op):
     def infer(self, node, ins):
         x, w = ins[0], ins[1]
         _check_rank(node, x, w)
+        check_fused(node)
         a = node.attrs
         g = a["group"]
         cin = x.shape[1]
@@ -116,7 +119,7 @@ class Conv(Op):
         else:
             x = F.pad(x, torch_pad_arg(pads))
             padding = [0] * nsp
-        return [_CONV[nsp](x, w, b, a["strides"], padding, a["dilations"], a["group"])]
+        return [apply_fused(node, _CONV[nsp](x, w, b, a["strides"], padding, a["dilations"], a["group"]))]
 
     def macs(self, node, ins, outs):
         w = ins[1].shape

@@ -2,6 +2,7 @@
 
 import torch
 
+from .activation import FUSED_ATTRS, apply_fused, check_fused
 from .conv import _numel
 from .registry import Op, TensorInfo, broadcast_shapes, fail, register
 
@@ -14,11 +15,12 @@ def _same(a, b) -> bool:
 class Gemm(Op):
     name = "Gemm"
     inputs = (2, 3)
-    attrs = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
-    summary = "alpha * A' @ B' + beta * C, C broadcast to the [M, N] output"
+    attrs = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0, **FUSED_ATTRS}
+    summary = "alpha * A' @ B' + beta * C, C broadcast to the [M, N] output; optional fused activation"
 
     def infer(self, node, ins):
         a, b = ins[0], ins[1]
+        check_fused(node)
         if len(a.shape) != 2 or len(b.shape) != 2:
             fail(node, f"A and B must be 2-D, got {list(a.shape)} and {list(b.shape)}")
         m, ka = a.shape[::-1] if node.attrs["transA"] else a.shape
@@ -44,7 +46,7 @@ class Gemm(Op):
         if len(xs) > 2 and xs[2] is not None:
             c = xs[2] if at["beta"] == 1.0 else xs[2] * at["beta"]
             y = y + c
-        return [y]
+        return [apply_fused(node, y)]
 
     def macs(self, node, ins, outs):
         a = ins[0].shape
