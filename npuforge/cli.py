@@ -7,6 +7,7 @@ Each subcommand is a small function; user errors (NpuforgeError) print one line
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -151,12 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=64, help="at most this many images from --data (default 64)")
     p.set_defaults(func=cmd_demo)
 
-    try:
-        from .zoo.cli import add_zoo_parser
-    except ImportError:
-        pass
-    else:
-        add_zoo_parser(sub)
+    # Subcommands that live beside the code they drive.
+    for module, hook in ((".passes.cli", "add_optimize_parser"), (".zoo.cli", "add_zoo_parser")):
+        try:
+            add = getattr(importlib.import_module(module, __package__), hook)
+        except (ImportError, AttributeError):
+            continue
+        add(sub)
     return parser
 
 
