@@ -25,18 +25,18 @@ def _build(args, *, default_pretrained: bool = True):
     from .registry import create_model, get_config
 
     config = get_config(args.name)  # unknown name -> NpuforgeError with close matches
-    pretrained = args.pretrained
-    if pretrained is None:
-        pretrained = default_pretrained and config.has_weights and args.checkpoint is None
-        if not pretrained and args.checkpoint is None and not args.quiet:
-            print(f"npuforge: note: {args.name} uses random weights (no pretrained weights ship with it; "
-                  f"pass --checkpoint FILE for trained ones)", file=sys.stderr)
     kwargs = {}
     if getattr(args, "image_size", None):
         if not args.name.startswith("efficientnet_lite"):
             raise NpuforgeError(f"--image-size applies to the efficientnet_lite models (static TF padding); "
                                 f"{args.name} takes any input size")
         kwargs["image_size"] = args.image_size
+    pretrained = args.pretrained
+    if pretrained is None:
+        pretrained = default_pretrained and config.has_weights and args.checkpoint is None
+        if not pretrained and args.checkpoint is None and not args.quiet:
+            print(f"npuforge: note: {args.name} uses random weights (no pretrained weights ship with it; "
+                  f"pass --checkpoint FILE for trained ones)", file=sys.stderr)
     return create_model(args.name, pretrained=pretrained, num_classes=args.num_classes,
                         checkpoint=args.checkpoint, **kwargs)
 
@@ -68,8 +68,10 @@ def cmd_list(args) -> int:
 def cmd_eval(args) -> int:
     from .data import ImageDataset
     from .evaluate import evaluate
+    from .registry import get_config
     from .transforms import eval_transform
 
+    get_config(args.name)  # a misspelt model name fails before the folder is scanned
     dataset = ImageDataset(args.data, class_table=args.class_table, limit=args.limit)
     model = _build(args)
     transform = eval_transform(model.zoo_config, args.image_size)
