@@ -113,8 +113,8 @@ def get_pass(name: str) -> PassInfo:
     _load_all()
     if name not in _PASSES:
         close = difflib.get_close_matches(name, list(_PASSES), n=3, cutoff=0.5)
-        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise UnknownPassError(f"unknown pass '{name}'{hint} valid passes: {', '.join(list_passes())}")
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        raise UnknownPassError(f"unknown pass '{name}'{hint}; valid passes: {', '.join(list_passes())}")
     return _PASSES[name]
 
 
@@ -304,8 +304,10 @@ def optimize(graph, passes=None, verify: bool = False, verify_batch: dict | None
         elif verify:
             try:
                 got = g.run(feeds)
-            except NpuforgeError as e:
-                raise VerificationError(name, f"pass '{name}' broke the graph: running it fails: {e}",
+            except Exception as e:  # NpuforgeError, or an executor bug on an unusual (valid) graph
+                text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                what = text if isinstance(e, NpuforgeError) else f"{type(e).__name__}: {text}"
+                raise VerificationError(name, f"pass '{name}' broke the graph: running it fails: {what}",
                                         report) from None
             diff, where = compare_outputs(reference, got)
             result.max_rel_diff = last_diff = diff
