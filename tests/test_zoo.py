@@ -500,3 +500,16 @@ def test_lite0_top1_equals_reference_on_shared_sample():
     assert not ds.skipped
     assert abs(top1["ours"] - top1["ref"]) <= 0.2
     assert 80.0 <= top1["ours"] <= 95.0
+
+
+def test_compare_reference_script(capsys):
+    need_sample()
+    need_weights(0)
+    pytest.importorskip("efficientnet_lite_pytorch", reason="efficientnet-lite-pytorch not installed")
+    from npuforge.zoo.compare_reference import main as compare_main
+
+    assert compare_main(["efficientnet_lite0", "--data", str(SAMPLE), "--limit", "8", "-q"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["images"] == 8 and result["max_abs_logit_diff"] < 1e-5
+    assert result["top1"]["ours"] == result["top1"]["reference"]
+    assert compare_main(["resnet18", "--data", str(SAMPLE)]) == 2

@@ -57,11 +57,12 @@ def cmd_list(args) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     width = max(len(n) for n in names)
-    print(f"{'model':<{width}}  {'input':<11} {'top-1':>6}  weights")
+    print(f"{'model':<{width}}  {'input':<11} {'top-1*':>6}  weights")
     for r in rows:
         size = "x".join(str(s) for s in r["input_size"][1:])
         top1 = f"{r['top1_published']:.1f}" if r["top1_published"] is not None else "-"
         print(f"{r['name']:<{width}}  {size:<11} {top1:>6}  {r['weights']}")
+    print("* published ImageNet-val top-1 (percent) of the shipped weights")
     return 0
 
 
