@@ -526,6 +526,23 @@ def test_pattern_feeding_a_conv_then_fuses_nothing_into_it():
     assert ops(out) == ["Conv", "Swish"] and out.nodes[0].attrs["activation"] == ""
 
 
+def test_torch_silu_and_hardsigmoid_products_become_single_ops():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1)
+
+        def forward(self, x):
+            x = nn.functional.silu(self.c1(x))  # exported at opset 17 as Sigmoid + Mul
+            x = self.c2(x)
+            return x * nn.functional.hardsigmoid(x)  # HardSigmoid(alpha=1/6) + Mul
+
+    g = npuforge.from_torch(M(), torch.zeros(1, 3, 8, 8))
+    assert ops(g).count("Mul") == 2
+    out = run(g, None)
+    assert ops(out) == ["Conv", "Swish", "Conv", "HardSwish"]
+
+
 # -- the manager -------------------------------------------------------------------------------------
 
 
@@ -550,6 +567,14 @@ def test_default_pipeline_and_list_passes():
     assert report.after == {"Conv": 1}
     assert json.loads(json.dumps(report.to_dict()))["nodes_after"] == 1
     assert "total" in report.format()
+
+
+def test_optimizing_twice_changes_nothing():
+    out, _ = optimize(small_model())
+    again, report = optimize(out)
+    assert all(p.before == p.after for p in report.passes)
+    assert [(n.op, n.inputs, n.outputs, n.attrs) for n in again.nodes] == \
+        [(n.op, n.inputs, n.outputs, n.attrs) for n in out.nodes]
 
 
 def test_optimize_leaves_the_callers_graph_alone():
