@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import npuforge
 from npuforge.cli import main as cli_main
-from npuforge.errors import NpuforgeError, UnsupportedError
+from npuforge.errors import UnsupportedError
 from npuforge.passes import (
     DEFAULT_PIPELINE, PassFailedError, UnknownPassError, VerificationError, list_passes, optimize, random_feeds,
     register_pass, unregister_pass,

@@ -76,7 +76,8 @@ def _fold_into(graph, prod, bn, s, t) -> bool:
         prod.attrs["beta"] = 1.0
     inputs = list(prod.inputs[:2]) + [""]
     inputs[1] = new_const(graph, f"{prod.inputs[1]}/bn_folded", new_w.astype(dtype))
-    inputs[2] = new_const(graph, f"{b_name or prod.name + '/bias'}/bn_folded", np.asarray(new_b, np.float64).astype(dtype))
+    bias_base = b_name or f"{prod.name}/bias"
+    inputs[2] = new_const(graph, f"{bias_base}/bn_folded", np.asarray(new_b, np.float64).astype(dtype))
     prod.inputs = inputs
     old_out = prod.outputs[0]
     prod.outputs = [bn.outputs[0]]

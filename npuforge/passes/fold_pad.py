@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
-
 from ..ops import get_op
 from .manager import register_pass
 from .rewrite import const, infer_outputs, prune

@@ -89,8 +89,8 @@ def fuse_bias(graph) -> int:
             new_b = c + vec  # C ([N], [1, N], [M, N], scalar) broadcast with the [N] vector
             node.attrs["beta"] = 1.0
         dtype = const(graph, node.inputs[1]).dtype
-        inputs = list(node.inputs[:2]) + [new_const(graph, f"{b_name or node.name + '/bias'}/fused", np.asarray(new_b).astype(dtype))]
-        node.inputs = inputs
+        bias_base = b_name or f"{node.name}/bias"
+        node.inputs = list(node.inputs[:2]) + [new_const(graph, f"{bias_base}/fused", np.asarray(new_b).astype(dtype))]
         old = node.outputs[0]
         node.outputs = [user.outputs[0]]
         graph.nodes.remove(user)

@@ -12,19 +12,28 @@ import copy
 
 import numpy as np
 
-from ..ir.graph import Graph, Node, Value
+from ..ir.graph import Graph, Node
 from ..ir.infer import graph_infos, infer_node, input_infos
 
 
 def copy_graph(graph: Graph) -> Graph:
-    """A structural copy: new Graph, Values and Nodes (attributes deep-copied);
-    constant arrays are shared (treated as read-only)."""
-    g = Graph(graph.name)
+    """A structural copy: new Graph, Values and Nodes (node attributes and graph
+    metadata deep-copied); constant arrays are shared (treated as read-only).
+    Fields added to Graph/Value/Node later are carried along (shallow)."""
+    g = copy.copy(graph)
     g.inputs = list(graph.inputs)
     g.outputs = list(graph.outputs)
-    g.values = {k: Value(v.name, v.dtype, None if v.shape is None else tuple(v.shape), v.data)
-                for k, v in graph.values.items()}
-    g.nodes = [Node(n.name, n.op, list(n.inputs), list(n.outputs), copy.deepcopy(n.attrs)) for n in graph.nodes]
+    g.values = {k: copy.copy(v) for k, v in graph.values.items()}
+    nodes = []
+    for n in graph.nodes:
+        m = copy.copy(n)
+        m.inputs, m.outputs, m.attrs = list(n.inputs), list(n.outputs), copy.deepcopy(n.attrs)
+        if isinstance(getattr(n, "quant", None), dict):
+            m.quant = dict(n.quant)
+        nodes.append(m)
+    g.nodes = nodes
+    if isinstance(getattr(graph, "metadata", None), dict):
+        g.metadata = copy.deepcopy(graph.metadata)
     return g
 
 

@@ -89,7 +89,8 @@ def _simplify_once(graph) -> int:
                 target = _chain_target(graph, node, src)
                 if target is None:
                     continue
-                if const(graph, node.inputs[1]) is None or list(const(graph, node.inputs[1]).reshape(-1)) != list(target):
+                old = const(graph, node.inputs[1])
+                if old is None or old.reshape(-1).tolist() != target.tolist():
                     node.inputs[1] = new_const(graph, f"{node.name}/target", target)
                 node.inputs[0] = src
                 changes += 1
