@@ -592,6 +592,14 @@ def test_optimize_leaves_the_callers_graph_alone():
     assert "x" not in g.nodes[0].attrs
 
 
+def test_verify_on_given_feeds(broken_pass):
+    feeds = {"x": np.ones((3, 3, 8, 8), np.float32)}
+    out, report = optimize(small_model(), verify=True, verify_batch=feeds)
+    assert report.verified and all(p.max_rel_diff <= 1e-5 for p in report.passes)
+    with pytest.raises(VerificationError, match="negate_outputs"):
+        optimize(small_model(), passes=[broken_pass], verify=True, verify_batch=feeds)
+
+
 def test_unknown_pass_names_the_close_match_and_the_valid_ones():
     with pytest.raises(UnknownPassError, match=r"unknown pass 'fold_padd' \(did you mean 'fold_pad'.*valid passes: "
                                                r"fold_constants, "):
