@@ -110,8 +110,17 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with npuforge's one-line error format (exit 2)."""
+
+    def error(self, message):
+        command = self.prog.removeprefix("npuforge").strip()
+        where = f"{command}: " if command else ""
+        self.exit(2, f"npuforge: error: {where}{message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="npuforge",
         description="Take a trained network (ONNX file, PyTorch module, zoo model) to an int8 NPU program.",
     )
@@ -154,11 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Subcommands that live beside the code they drive.
     for module, hook in ((".passes.cli", "add_optimize_parser"), (".zoo.cli", "add_zoo_parser")):
+        full = f"{__package__}{module}"
         try:
-            add = getattr(importlib.import_module(module, __package__), hook)
-        except (ImportError, AttributeError):
-            continue
-        add(sub)
+            mod = importlib.import_module(full)
+        except ModuleNotFoundError as e:
+            if e.name == full:
+                continue  # that part of npuforge is not installed
+            raise
+        getattr(mod, hook)(sub)
     return parser
 
 

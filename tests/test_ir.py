@@ -215,3 +215,21 @@ def test_pool_output_size_matches_torch(size, k, s, d, pb, pe, ceil):
     out = pool_output_size(size, k, s, d, pb, pe, ceil)
     ref = F.max_pool1d(torch.zeros(1, 1, size), k, s, pb, d, ceil_mode=ceil).shape[-1]
     assert out == ref
+
+
+def test_channel_count_from_a_dynamic_shape_feeds_slice_and_reshape():
+    # x.chunk(2, 1) and a channel shuffle written with x.shape: the exporter computes the
+    # Slice ends and Reshape targets from Shape with a dynamic batch; C stays static
+    import torch
+
+    class Shuffle(torch.nn.Module):
+        def forward(self, x):
+            a, b = x.chunk(2, dim=1)
+            n, c, h, w = x.shape
+            return torch.cat([b, a], 1).view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
+
+    m = Shuffle()
+    g = npuforge.from_torch(m, torch.zeros(1, 4, 3, 3))
+    assert g.values[g.outputs[0]].shape == ("N", 4, 3, 3)
+    x = np.random.default_rng(0).random((3, 4, 3, 3), dtype=np.float32)
+    np.testing.assert_array_equal(g.run({g.inputs[0]: x})[g.outputs[0]], m(torch.from_numpy(x)).numpy())

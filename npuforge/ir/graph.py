@@ -30,6 +30,7 @@ class Value:
     dtype: str
     shape: Shape | None
     data: np.ndarray | None = None  # set for constants (weights, folded tensors)
+    quant: Any = None  # QParams (npuforge.quant.params) once quantized
 
     @property
     def is_const(self) -> bool:
@@ -46,6 +47,9 @@ class Node:
     inputs: list  # value names; "" marks an omitted optional input
     outputs: list
     attrs: dict = field(default_factory=dict)
+    # integers the quantizer decided for this node: role -> name of an integer
+    # constant (weight, bias, multiplier, shift, lut, ...)
+    quant: dict = field(default_factory=dict)
 
     def attr(self, key: str) -> Any:
         return self.attrs[key]
@@ -58,6 +62,7 @@ class Graph:
         self.outputs: list[str] = []
         self.values: dict[str, Value] = {}
         self.nodes: list[Node] = []
+        self.metadata: dict = {}  # JSON-able facts about the graph (preprocessing, quantization config)
 
     # -- construction -------------------------------------------------------
     def add_value(self, value: Value) -> Value:

@@ -9,6 +9,9 @@ weights file beside it. No pickle.
     const axes: int64[2] = [2, 3]
     node stem = Conv(x, stem.weight, stem.bias) -> y: float32[N,32,112,112] {"dilations": [1, 1], ...}
     output logits
+    quant x {"axis": null, "dtype": "uint8", "scale": 0.0157, "zero_point": 128}
+    qnode stem {"bias": "stem::bias_q", "multiplier": "stem::multiplier", ...}
+    meta {"preprocess": {...}}
 
 Names that are not plain ``[A-Za-z0-9_./+*-]`` are written as JSON strings.
 Constants of at most 16 elements are written inline. Saving is deterministic:
@@ -66,6 +69,14 @@ def dumps(graph: Graph, weights_name: str, weights_sha: str) -> str:
         lines.append(f"node {_name(n.name)} = {n.op}({ins}) -> {outs} {_json(n.attrs)}")
     for name in graph.outputs:
         lines.append(f"output {_name(name)}")
+    for v in graph.values.values():
+        if v.quant is not None:
+            lines.append(f"quant {_name(v.name)} {_json(v.quant.to_json())}")
+    for n in graph.nodes:
+        if n.quant:
+            lines.append(f"qnode {_name(n.name)} {_json(n.quant)}")
+    if graph.metadata:
+        lines.append(f"meta {_json(graph.metadata)}")
     return "\n".join(lines) + "\n"
 
 
@@ -190,9 +201,24 @@ def loads(text: str, where: str, weights: dict) -> Graph:
                 graph.nodes.append(Node(name, op, inputs, outputs, attrs))
             elif kind == "output":
                 graph.outputs.append(p.name())
+            elif kind == "quant":
+                from ..quant.params import QParams
+
+                name = p.name()
+                if name not in graph.values:
+                    p.error(f"quant line for unknown value '{name}'")
+                graph.values[name].quant = QParams.from_json(json.loads(p.rest()))
+            elif kind == "qnode":
+                name = p.name()
+                node = next((n for n in graph.nodes if n.name == name), None)
+                if node is None:
+                    p.error(f"qnode line for unknown node '{name}'")
+                node.quant = json.loads(p.rest())
+            elif kind == "meta":
+                graph.metadata = json.loads(p.rest())
             else:
                 raise ModelFormatError(f"{where}:{lineno}: unknown line kind '{kind}'")
-        except (ValueError, json.JSONDecodeError) as e:
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
             raise ModelFormatError(f"{where}:{lineno}: cannot parse ({e})") from None
     return graph
 

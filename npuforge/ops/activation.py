@@ -1,5 +1,6 @@
 """Elementwise activations, Softmax, and the activations a Conv or Gemm can carry fused."""
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -24,6 +25,26 @@ def check_fused(node) -> None:
         fail(node, f"activation {name} takes params {list(FUSED_ACTIVATIONS[name])}, got {params}")
 
 
+def onnx_with_fused(node) -> list:
+    """ONNX nodes of a Conv / Gemm: the op itself, then its fused activation as a node of its own."""
+    from onnx import helper, numpy_helper
+
+    attrs = {k: v for k, v in node.attrs.items() if k not in FUSED_ATTRS}
+    name, params = node.attrs["activation"], node.attrs["activation_params"]
+    if not name:
+        return [helper.make_node(node.op, node.inputs, node.outputs, name=node.name, **attrs)]
+    mid = f"{node.outputs[0]}::preact"
+    nodes = [helper.make_node(node.op, node.inputs, [mid], name=node.name, **attrs)]
+    act = f"{node.name}::{name}"
+    if name == "Clip":
+        bounds = [helper.make_node("Constant", [], [f"{act}::{k}"], name=f"{act}::{k}",
+                                   value=numpy_helper.from_array(np.array(v, np.float32)))
+                  for k, v in zip(("min", "max"), params)]
+        return nodes + bounds + [helper.make_node("Clip", [mid, f"{act}::min", f"{act}::max"], node.outputs, name=act)]
+    extra = {"alpha": params[0]} if name == "LeakyRelu" else {}
+    return nodes + [helper.make_node(name, [mid], node.outputs, name=act, **extra)]
+
+
 def apply_fused(node, y: torch.Tensor) -> torch.Tensor:
     name, params = node.attrs["activation"], node.attrs["activation_params"]
     if name == "":
@@ -36,6 +57,8 @@ def apply_fused(node, y: torch.Tensor) -> torch.Tensor:
 
 
 class _Unary(Op):
+    quant = "lut"
+
     def infer(self, node, ins):
         x = ins[0]
         if x.dtype not in ("float16", "float32", "float64"):
@@ -97,6 +120,13 @@ class Swish(_Unary):
     def forward(self, node, xs):
         return [F.silu(xs[0])]
 
+    def onnx_nodes(self, node):
+        from onnx import helper
+
+        mid = f"{node.outputs[0]}::sigmoid"
+        return [helper.make_node("Sigmoid", node.inputs, [mid], name=f"{node.name}::sigmoid"),
+                helper.make_node("Mul", [node.inputs[0], mid], node.outputs, name=node.name)]
+
 
 @register
 class Gelu(_Unary):
@@ -146,6 +176,7 @@ class Clip(Op):
     name = "Clip"
     inputs = (1, 3)
     summary = "clamp(x, min, max); min and max optional inputs"
+    quant = "lut"
 
     def infer(self, node, ins):
         x = ins[0]

@@ -7,7 +7,7 @@ its padding; asymmetric pads are applied with an explicit zero pad.
 import torch
 import torch.nn.functional as F
 
-from .activation import FUSED_ATTRS, apply_fused, check_fused
+from .activation import FUSED_ATTRS, apply_fused, check_fused, onnx_with_fused
 from .registry import Op, TensorInfo, fail, register, static_dims, unsupported
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -64,6 +64,7 @@ class Conv(Op):
     inputs = (2, 3)
     attrs = {"dilations": [], "group": 1, "kernel_shape": [], "pads": [], "strides": [], **FUSED_ATTRS}
     onnx_only_attrs = ("auto_pad",)
+    quant = "compute"
     summary = ("N-d convolution, groups, dilations, explicit asymmetric pads (auto_pad resolved at import); "
                "optional fused activation")
 
@@ -125,6 +126,12 @@ class Conv(Op):
         w = ins[1].shape
         return _numel(outs[0].shape) * _numel(w[1:])
 
+    def weight_axis(self, node, graph):
+        return 0
+
+    def onnx_nodes(self, node):
+        return onnx_with_fused(node)
+
 
 @register
 class ConvTranspose(Op):
@@ -132,6 +139,7 @@ class ConvTranspose(Op):
     inputs = (2, 3)
     attrs = {"dilations": [], "group": 1, "kernel_shape": [], "output_padding": [], "pads": [], "strides": []}
     onnx_only_attrs = ("auto_pad", "output_shape")
+    quant = "compute"
     summary = "N-d transposed convolution; output_shape and auto_pad resolved to explicit pads at import"
 
     def from_onnx(self, ctx, node):
@@ -218,6 +226,10 @@ class ConvTranspose(Op):
     def macs(self, node, ins, outs):
         w = ins[1].shape
         return _numel(ins[0].shape) * _numel(w[1:])
+
+    def weight_axis(self, node, graph):
+        # weight [Cin, Cout/group, ...]: per output channel only without groups
+        return 1 if node.attrs["group"] == 1 else None
 
 
 def _numel(shape) -> int:

@@ -7,6 +7,7 @@ from .registry import Op, TensorInfo, broadcast_shapes, fail, register
 
 class _Binary(Op):
     inputs = (2, 2)
+    quant = "elementwise"
 
     def infer(self, node, ins):
         a, b = ins
@@ -46,6 +47,7 @@ class Mul(_Binary):
 class Div(_Binary):
     name = "Div"
     summary = "a / b, numpy broadcasting; integers truncate toward zero"
+    quant = None
 
     def forward(self, node, xs):
         a, b = xs

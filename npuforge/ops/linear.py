@@ -2,7 +2,7 @@
 
 import torch
 
-from .activation import FUSED_ATTRS, apply_fused, check_fused
+from .activation import FUSED_ATTRS, apply_fused, check_fused, onnx_with_fused
 from .conv import _numel
 from .registry import Op, TensorInfo, broadcast_shapes, fail, register
 
@@ -17,6 +17,18 @@ class Gemm(Op):
     inputs = (2, 3)
     attrs = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0, **FUSED_ATTRS}
     summary = "alpha * A' @ B' + beta * C, C broadcast to the [M, N] output; optional fused activation"
+    quant = "compute"
+
+    def quant_kind(self, node, graph):
+        a = node.attrs
+        plain = a["alpha"] == 1.0 and a["beta"] == 1.0 and not a["transA"]
+        return "compute" if plain and graph.values[node.inputs[1]].is_const else None
+
+    def weight_axis(self, node, graph):
+        return 0 if node.attrs["transB"] else 1
+
+    def onnx_nodes(self, node):
+        return onnx_with_fused(node)
 
     def infer(self, node, ins):
         a, b = ins[0], ins[1]
@@ -59,6 +71,15 @@ class MatMul(Op):
     name = "MatMul"
     inputs = (2, 2)
     summary = "numpy matmul: 1-D operands promoted, batch dims broadcast"
+
+    def quant_kind(self, node, graph):
+        w = graph.values[node.inputs[1]]
+        if w.is_const:
+            return "compute" if len(w.shape) == 2 else None
+        return "matmul"
+
+    def weight_axis(self, node, graph):
+        return 1
 
     def infer(self, node, ins):
         a, b = ins[0].shape, ins[1].shape

@@ -90,6 +90,7 @@ class MaxPool(_WindowPool):
     outputs = (1, 2)
     attrs = dict(_POOL_ATTRS, storage_order=0)
     summary = "max over windows; ceil_mode, dilations, asymmetric pads (no Indices output)"
+    quant = "passthrough"
 
     def from_onnx(self, ctx, node):
         if len(node.outputs) > 1 and node.outputs[1]:
@@ -112,6 +113,7 @@ class AveragePool(_WindowPool):
     name = "AveragePool"
     attrs = dict(_POOL_ATTRS, count_include_pad=0)
     summary = "mean over windows; ceil_mode, count_include_pad, dilations, asymmetric pads"
+    quant = "pool"
 
     def forward(self, node, xs):
         x = xs[0]
@@ -139,6 +141,7 @@ class AveragePool(_WindowPool):
 class GlobalAveragePool(Op):
     name = "GlobalAveragePool"
     summary = "mean over all spatial axes, kept as size-1 dims"
+    quant = "pool"
 
     def infer(self, node, ins):
         x = ins[0]

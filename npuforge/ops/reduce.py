@@ -12,6 +12,7 @@ class ReduceMean(Op):
     attrs = {"keepdims": 1, "noop_with_empty_axes": 0}
     onnx_only_attrs = ("axes",)
     summary = "mean over the given axes (all when none given), keepdims"
+    quant = "pool"
 
     def from_onnx(self, ctx, node):
         axes = node.attrs.pop("axes", None)

@@ -70,7 +70,7 @@ class Op:
         """Output values when every input value is known; None when they are not."""
         present = [i for i in ins if i is not None]
         if not present or any(i.value is None or i.value.dtype == object for i in present):
-            return None
+            return None  # (symbolic values only flow through Structural ops)
         if sum(i.value.size for i in present) > _PROPAGATE_LIMIT:
             return None
         xs = [None if i is None else torch.from_numpy(np.array(i.value)) for i in ins]
@@ -81,6 +81,26 @@ class Op:
     # -- float computation ----------------------------------------------------
     def forward(self, node, xs: list) -> list:
         raise NotImplementedError
+
+    # -- quantization rule ----------------------------------------------------------
+    # How the quantizer treats the op (see npuforge/quant/quantize.py):
+    #   "compute"      constant weights (int8) and bias (int32), int32 accumulation, requantized output
+    #   "matmul"       two quantized activations multiplied, requantized output
+    #   "elementwise"  Add/Sub/Mul: each input keeps its parameters; rescaled to the output's
+    #   "pool"         averaging: integer sum, requantized (divided) output
+    #   "lut"          unary elementwise: a lookup table over every input code
+    #   "passthrough"  moves or selects values: the output shares the input's parameters
+    #   "concat"       inputs and output share one set of parameters
+    #   "shape"        integer shape arithmetic: stays as it is
+    #   None           no rule: kept in float (a warning; an error under strict)
+    quant: ClassVar[str | None] = None
+
+    def quant_kind(self, node, graph) -> str | None:
+        return self.quant
+
+    def weight_axis(self, node, graph) -> int | None:
+        """Output-channel axis of a "compute" op's weight (input 1); None: per tensor only."""
+        return None
 
     # -- cost ---------------------------------------------------------------------
     def macs(self, node, ins: list, outs: list) -> int:
@@ -215,6 +235,14 @@ def dim_quotient(node, num, den):
     return _join(nc // dc, rest)
 
 
+def concrete(value: np.ndarray) -> np.ndarray:
+    """An object array of shape values with no symbol left (the channel count picked
+    from [N, C, H, W], say) becomes int64, so ordinary arithmetic can use it."""
+    if value.dtype == object and not any(isinstance(v, str) for v in value.reshape(-1)):
+        return value.astype(np.int64)
+    return value
+
+
 class Structural(Op):
     """An op that only moves elements: its values propagate with numpy, so
     shape tensors holding symbolic dims (object arrays) flow through it."""
@@ -229,7 +257,8 @@ class Structural(Op):
         if values is None:
             return None
         # numpy hands back a bare element for a scalar pick from an object array
-        return [None if v is None else np.asarray(v, dtype=object if isinstance(v, str) else None) for v in values]
+        return [None if v is None else concrete(np.asarray(v, dtype=object if isinstance(v, str) else None))
+                for v in values]
 
     def np_forward(self, node, values: list, outs: list) -> list:
         raise NotImplementedError

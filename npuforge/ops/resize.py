@@ -28,6 +28,9 @@ class Resize(Op):
     }
     summary = "nearest / linear resize by scales or sizes; all coordinate modes but tf_crop_and_resize"
 
+    def quant_kind(self, node, graph):
+        return "passthrough" if node.attrs["mode"] == "nearest" else None
+
     def from_onnx(self, ctx, node):
         a = node.attrs
         if a["mode"] not in ("nearest", "linear"):

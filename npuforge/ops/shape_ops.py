@@ -17,6 +17,7 @@ class Shape(Op):
     name = "Shape"
     attrs = {"start": 0, "end": None}
     summary = "the input's shape as int64[rank] (start/end window)"
+    quant = "shape"
 
     def window(self, node, rank):
         start, end = node.attrs["start"], node.attrs["end"]
@@ -43,6 +44,7 @@ class Gather(Structural):
     inputs = (2, 2)
     attrs = {"axis": 0}
     summary = "take entries along axis at int indices (negative indices count from the end)"
+    quant = "passthrough"
 
     def infer(self, node, ins):
         data, idx = ins
@@ -68,6 +70,7 @@ class Cast(Structural):
     name = "Cast"
     attrs = {"to": REQUIRED, "saturate": 1}
     summary = "convert the element type (float to int truncates toward zero)"
+    quant = "shape"
 
     def from_onnx(self, ctx, node):
         node.attrs["to"] = dtypes.from_onnx(node.attrs["to"], f"node '{node.name}' (Cast)")
@@ -90,12 +93,19 @@ class Cast(Structural):
     def forward(self, node, xs):
         return [xs[0].to(dtypes.to_torch(node.attrs["to"]))]
 
+    def onnx_nodes(self, node):
+        from onnx import helper
+
+        return [helper.make_node("Cast", node.inputs, node.outputs, name=node.name,
+                                 to=dtypes.to_onnx(node.attrs["to"]), saturate=node.attrs["saturate"])]
+
 
 @register
 class ConstantOfShape(Op):
     name = "ConstantOfShape"
     attrs = {"value": 0.0, "dtype": "float32"}
     summary = "a tensor of the given (static) shape filled with one value"
+    quant = "shape"
 
     def from_onnx(self, ctx, node):
         tensor = node.attrs.get("value")
@@ -108,6 +118,13 @@ class ConstantOfShape(Op):
         shape = const_ints(node, ins[0], "shape")
         static_dims(node, shape, "the requested")
         return [TensorInfo(dtypes.check_dtype(node.attrs["dtype"]), tuple(shape))]
+
+    def onnx_nodes(self, node):
+        from onnx import helper
+
+        value = np.array([node.attrs["value"]], dtypes.to_numpy(node.attrs["dtype"]))
+        return [helper.make_node("ConstantOfShape", node.inputs, node.outputs, name=node.name,
+                                 value=onnx.numpy_helper.from_array(value))]
 
     def forward(self, node, xs):
         shape = [int(d) for d in xs[0].tolist()]

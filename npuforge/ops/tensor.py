@@ -20,6 +20,7 @@ def _reshape_values(values, outs):
 class Identity(Structural):
     name = "Identity"
     summary = "y = x"
+    quant = "passthrough"
 
     def infer(self, node, ins):
         return [TensorInfo(ins[0].dtype, ins[0].shape)]
@@ -38,6 +39,7 @@ class Dropout(Structural):
     outputs = (1, 2)
     attrs = {"seed": 0}
     summary = "inference mode: y = x (mask output unsupported)"
+    quant = "passthrough"
 
     def from_onnx(self, ctx, node):
         if len(node.outputs) > 1 and node.outputs[1]:
@@ -63,6 +65,7 @@ class Flatten(Structural):
     name = "Flatten"
     attrs = {"axis": 1}
     summary = "reshape to 2-D at axis"
+    quant = "passthrough"
 
     def infer(self, node, ins):
         x = ins[0]
@@ -87,6 +90,7 @@ class Reshape(Structural):
     inputs = (2, 2)
     attrs = {"allowzero": 0}
     summary = "reshape to a static target (0 copies a dim, -1 infers one)"
+    quant = "passthrough"
 
     def infer(self, node, ins):
         x = ins[0]
@@ -126,6 +130,7 @@ class Transpose(Structural):
     name = "Transpose"
     attrs = {"perm": []}
     summary = "permute axes (reverse when perm is absent)"
+    quant = "passthrough"
 
     def perm(self, node, rank):
         perm = list(node.attrs["perm"]) or list(reversed(range(rank)))
@@ -151,6 +156,7 @@ class Concat(Structural):
     inputs = (1, 1 << 16)
     attrs = {"axis": 0}
     summary = "join along axis; other dims must agree"
+    quant = "concat"
 
     def infer(self, node, ins):
         first = ins[0]
@@ -187,6 +193,7 @@ class Split(Op):
     outputs = (1, 1 << 16)
     attrs = {"axis": 0, "num_outputs": 0}
     summary = "split along axis by sizes, or into equal parts (last one smaller)"
+    quant = "passthrough"
 
     def sizes(self, node, ins) -> list:
         x = ins[0]
@@ -215,6 +222,12 @@ class Split(Op):
             shape[axis] = s
             outs.append(TensorInfo(x.dtype, tuple(shape)))
         return outs
+
+    def onnx_nodes(self, node):
+        from onnx import helper
+
+        extra = {} if len(node.inputs) > 1 and node.inputs[1] else {"num_outputs": len(node.outputs)}
+        return [helper.make_node("Split", node.inputs, node.outputs, name=node.name, axis=node.attrs["axis"], **extra)]
 
     def forward(self, node, xs):
         x = xs[0]
@@ -250,6 +263,7 @@ class Slice(Structural):
     name = "Slice"
     inputs = (3, 5)
     summary = "strided slice with ONNX clamping; negative steps"
+    quant = "passthrough"
 
     def params(self, node, shape, starts, ends, axes, steps):
         rank = len(shape)
@@ -305,6 +319,7 @@ class Squeeze(Structural):
     name = "Squeeze"
     inputs = (1, 2)
     summary = "drop size-1 axes (all of them when axes is absent)"
+    quant = "passthrough"
 
     def axes(self, node, ins):
         x = ins[0]
@@ -338,6 +353,7 @@ class Unsqueeze(Structural):
     name = "Unsqueeze"
     inputs = (2, 2)
     summary = "insert size-1 axes at positions of the output"
+    quant = "passthrough"
 
     def out_shape(self, node, shape, axes):
         rank = len(shape) + len(axes)
@@ -381,6 +397,7 @@ class Pad(Op):
     inputs = (2, 4)
     attrs = {"mode": "constant"}
     summary = "pad (or crop, with negative pads) in constant, reflect, edge or wrap mode; optional axes"
+    quant = "passthrough"
 
     def from_onnx(self, ctx, node):
         if node.attrs["mode"] not in _PAD_MODES:

@@ -51,14 +51,24 @@ def check_feeds(graph, feeds: dict) -> dict:
     return out
 
 
-def run_float(graph, feeds: dict, outputs: list[str] | None = None) -> dict:
+def execute(graph, feeds: dict, outputs: list[str] | None = None, *, value_hook=None, const_hook=None) -> dict:
+    """Run the graph with each op's torch forward.
+
+    ``value_hook(name, tensor) -> tensor`` sees (and may replace) every graph
+    input and node output as it is produced: calibration observes through it,
+    fake quantization rounds through it. ``const_hook(value, tensor) -> tensor``
+    does the same once per constant.
+    """
     wanted = list(outputs or graph.outputs)
     for name in wanted:
         if name not in graph.values:
             raise NpuforgeError(f"'{name}' is not a value of the graph")
     env: dict[str, torch.Tensor] = check_feeds(graph, feeds)
+    if value_hook is not None:
+        env = {name: value_hook(name, t) for name, t in env.items()}
     for v in graph.constants():
-        env[v.name] = _as_tensor(v.data)
+        t = _as_tensor(v.data)
+        env[v.name] = const_hook(v, t) if const_hook is not None else t
     last_use = {}
     for index, node in enumerate(graph.nodes):
         for name in node.inputs:
@@ -73,8 +83,12 @@ def run_float(graph, feeds: dict, outputs: list[str] | None = None) -> dict:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise NpuforgeError(f"node '{node.name}' ({node.op}) failed: {first}") from None
             for name, y in zip(node.outputs, ys):
-                env[name] = y
+                env[name] = value_hook(name, y) if value_hook is not None else y
             for name in node.inputs:
                 if name and last_use.get(name) == index and name not in keep and not graph.values[name].is_const:
                     del env[name]
     return {name: env[name].numpy() for name in wanted}
+
+
+def run_float(graph, feeds: dict, outputs: list[str] | None = None) -> dict:
+    return execute(graph, feeds, outputs)
