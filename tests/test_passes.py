@@ -198,9 +198,6 @@ def test_cse_merges_duplicate_nodes_and_constants():
     assert len(out.constants()) == 1
 
 
-@pytest.mark.xfail(strict=False, raises=KeyError,
-                   reason="float executor bug (npuforge/sim/float_exec.py): a node reading one value twice "
-                          "at its last use frees it twice -> KeyError")
 def test_cse_can_leave_a_node_reading_one_value_twice():
     g = build([node("Relu", ["x"], ["ra"]), node("Relu", ["x"], ["rb"]), node("Add", ["ra", "rb"], ["y"])],
               {"x": [2, 3]}, ["y"])

@@ -84,7 +84,7 @@ def execute(graph, feeds: dict, outputs: list[str] | None = None, *, value_hook=
                 raise NpuforgeError(f"node '{node.name}' ({node.op}) failed: {first}") from None
             for name, y in zip(node.outputs, ys):
                 env[name] = value_hook(name, y) if value_hook is not None else y
-            for name in node.inputs:
+            for name in set(node.inputs):  # a node may read one value twice: free it once
                 if name and last_use.get(name) == index and name not in keep and not graph.values[name].is_const:
                     del env[name]
     return {name: env[name].numpy() for name in wanted}
