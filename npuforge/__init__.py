@@ -9,7 +9,23 @@ from .ir.graph import Graph, Node, Value
 from .ir.textio import MAGIC
 
 __version__ = "0.1.0"
-__all__ = ["Graph", "Node", "Value", "NpuforgeError", "load", "save", "from_torch", "export_onnx", "import_onnx"]
+__all__ = ["Graph", "Node", "Value", "NpuforgeError", "load", "save", "from_torch", "export_onnx", "import_onnx",
+           "quantize", "QuantConfig"]
+
+
+def quantize(model, data, config=None, **options):
+    """Post-training int8 quantization; see :func:`npuforge.quant.quantize.quantize`."""
+    from .quant import quantize as _quantize
+
+    return _quantize(model, data, config, **options)
+
+
+def __getattr__(name):
+    if name == "QuantConfig":
+        from .quant import QuantConfig
+
+        return QuantConfig
+    raise AttributeError(name)
 
 
 def load(path) -> Graph:

@@ -104,6 +104,51 @@ def cmd_ops(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    from .workflow import forward_of, resolve_model, stderr_log, transform_of
+    from .zoo.data import ImageDataset
+    from .zoo.evaluate import evaluate_logits
+
+    path = Path(args.model)
+    onnx_file = path.suffix == ".onnx" and path.is_file()
+    if onnx_file and args.engine == "ort":
+        # run the file as it is (a QDQ model included); only its metadata is read here
+        import onnx
+
+        from .ir.graph import Graph
+        from .workflow import preprocess_of
+
+        proto = onnx.load(str(path), load_external_data=False)
+        meta = next((json.loads(p.value) for p in proto.metadata_props if p.key == "npuforge"), {})
+        graph = Graph(path.stem)
+        if args.preprocess:
+            from .zoo import get_config
+
+            meta["preprocess"] = preprocess_of(get_config(args.preprocess))
+        if "preprocess" not in meta:
+            raise NpuforgeError(f"{path}: records no preprocessing; give --preprocess ZOO_MODEL")
+        graph.metadata = meta
+        forward = forward_of(graph, "ort", onnx_path=path)
+    else:
+        graph = resolve_model(args.model, args.preprocess, log=stderr_log)
+        forward = forward_of(graph, args.engine)
+    dataset = ImageDataset(args.data, args.class_table, limit=args.limit, skip=args.skip)
+    result = evaluate_logits(forward, dataset, transform_of(graph.metadata["preprocess"]),
+                             batch_size=args.batch_size, progress=not (args.quiet or args.json), name=args.model)
+    out = result.to_dict()
+    out["engine"] = args.engine
+    out["quantized"] = "quantization" in graph.metadata
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        kind = "int8 (fake-quant)" if out["quantized"] and args.engine == "npuforge" else (
+            "int8" if out["quantized"] else "float")
+        print(f"{args.model} [{kind}, {args.engine}]: top-1 {result.top1:.2f}%  top-5 {result.top5:.2f}%  "
+              f"on {result.images} images ({result.images_per_s:.1f} images/s)"
+              + (f", {result.skipped} unreadable skipped" if result.skipped else ""))
+    return 0
+
+
 def cmd_demo(args) -> int:
     from .demo import run_demo
 
@@ -153,6 +198,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON with inputs, outputs and attributes per op")
     p.set_defaults(func=cmd_ops)
 
+    p = sub.add_parser("eval", help="top-1 / top-5 of a model (float, quantized IR or QDQ ONNX) on images",
+                       description="Classify a folder of images and print top-1 and top-5. A float model runs "
+                                   "in float, a quantized IR in fake-quant (--engine npuforge) or as QDQ in ONNX "
+                                   "Runtime (--engine ort); an ONNX file with --engine ort runs as it is.")
+    p.add_argument("model", help="a zoo name, an ONNX file (float or QDQ) or a saved IR (float or quantized)")
+    p.add_argument("--data", required=True, metavar="DIR", help="images (class subfolders or <wnid>_name files)")
+    p.add_argument("--class-table", metavar="TSV", help="class table for flat folders (index, wnid, name)")
+    p.add_argument("--engine", default="npuforge", choices=("npuforge", "ort"), help="who computes (default npuforge)")
+    p.add_argument("--skip", type=int, default=0, metavar="N", help="leave out the first N images (file order)")
+    p.add_argument("--limit", type=int, metavar="N", help="evaluate at most N images")
+    p.add_argument("--batch-size", type=int, default=25, help="batch size (default 25)")
+    p.add_argument("--preprocess", metavar="ZOO_MODEL", help="this zoo model's preprocessing (for ONNX files)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (top1, top5, images, ...)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_eval)
+
     p = sub.add_parser("demo", help="the main job: EfficientNet-Lite0 end to end on sample photos",
                        description="Export EfficientNet-Lite0 with its pretrained ImageNet weights, import it, "
                                    "check it, and compare npuforge's float run with PyTorch and ONNX Runtime "
@@ -162,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     # Subcommands that live beside the code they drive.
-    for module, hook in ((".passes.cli", "add_optimize_parser"), (".zoo.cli", "add_zoo_parser")):
+    for module, hook in ((".passes.cli", "add_optimize_parser"), (".quant.cli", "add_quantize_parser"),
+                         (".zoo.cli", "add_zoo_parser")):
         full = f"{__package__}{module}"
         try:
             mod = importlib.import_module(full)

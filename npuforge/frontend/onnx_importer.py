@@ -241,5 +241,13 @@ def import_onnx(model, name: str | None = None) -> Graph:
         if vo.name not in graph.values:
             raise ModelFormatError(f"{where}: graph output '{vo.name}' is not produced by any node")
         graph.outputs.append(vo.name)
+    for prop in model.metadata_props:
+        if prop.key == "npuforge":  # written by npuforge's exporter: preprocessing and the like
+            import json
+
+            try:
+                graph.metadata = json.loads(prop.value)
+            except ValueError:
+                pass
     graph.check()
     return graph

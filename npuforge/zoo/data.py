@@ -93,7 +93,7 @@ def _is_image(p: Path) -> bool:
 class ImageDataset:
     """A labelled list of image files; ``dataset[i]`` -> (PIL image or None, label, path)."""
 
-    def __init__(self, root, class_table=None, limit: int | None = None):
+    def __init__(self, root, class_table=None, limit: int | None = None, skip: int = 0):
         self.root = Path(root)
         if not self.root.is_dir():
             raise NpuforgeError(f"{self.root}: no such folder (--data)")
@@ -141,6 +141,11 @@ class ImageDataset:
         else:
             raise NpuforgeError(f"{self.root}: no images found (extensions {', '.join(sorted(IMAGE_EXTENSIONS))}); "
                                 f"point --data at a folder of images or of class subfolders")
+        if skip:
+            if skip < 0 or skip >= len(self.samples):
+                raise NpuforgeError(f"--skip {skip}: {self.root} holds {len(self.samples)} images; "
+                                    f"skip fewer than that")
+            self.samples = self.samples[skip:]
         if limit is not None:
             if limit < 1:
                 raise NpuforgeError(f"--limit {limit}: give a positive number of images")

@@ -37,11 +37,47 @@ def _progress(total: int, desc: str, enabled: bool):
     return tqdm(total=total, desc=desc, unit="img", file=sys.stderr, disable=not enabled, leave=False)
 
 
+def evaluate_logits(forward, dataset: ImageDataset, transform, *, batch_size: int = 32, workers: int = 2,
+                    progress: bool = True, name: str = "model") -> EvalResult:
+    """Top-1 / top-5 accuracy (percent) of ``forward`` (float32 NCHW batch -> [N, classes]
+    logits, any engine) over ``dataset``; corrupt images are skipped and counted."""
+    correct1 = correct5 = seen = 0
+    start = time.perf_counter()
+    bar = _progress(len(dataset), f"eval {name}", progress)
+    try:
+        done = 0
+        for x, y, _ in iter_batches(dataset, transform, batch_size, workers):
+            logits = np.asarray(forward(x))
+            if logits.ndim != 2:
+                raise NpuforgeError(f"{name}: expected [N, classes] logits, got shape {list(logits.shape)}")
+            if int(y.max()) >= logits.shape[1]:
+                raise NpuforgeError(f"{name}: the dataset has label {int(y.max())} but the model has "
+                                    f"{logits.shape[1]} classes; pass a matching --class-table or num_classes")
+            k = min(5, logits.shape[1])
+            top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+            correct1 += int((top[:, 0] == y).sum())
+            correct5 += int((top == y[:, None]).any(axis=1).sum())
+            seen += len(y)
+            total_now = seen + len(dataset.skipped)
+            bar.update(total_now - done)
+            done = total_now
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - start
+    if seen == 0:
+        raise NpuforgeError(f"{dataset.root}: none of the {len(dataset)} images could be read "
+                            f"({len(dataset.skipped)} corrupt); check the files")
+    return EvalResult(model=name, data=str(dataset.root), images=seen, top1=100.0 * correct1 / seen,
+                      top5=100.0 * correct5 / seen, skipped=len(dataset.skipped), seconds=seconds,
+                      images_per_s=seen / seconds if seconds > 0 else float("inf"),
+                      skipped_files=[f"{p}: {why}" for p, why in dataset.skipped])
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, dataset: ImageDataset, transform=None, *, batch_size: int = 32,
              workers: int = 2, progress: bool = True, name: str | None = None,
              channels_last: bool = True) -> EvalResult:
-    """Top-1 / top-5 accuracy (percent) of ``model`` over ``dataset``; corrupt images are skipped and counted.
+    """Top-1 / top-5 accuracy (percent) of a torch ``model`` over ``dataset``.
 
     ``channels_last``: run the model in NHWC memory layout (about 1.6x faster on CPU
     for depthwise convolutions; the model's layout is restored afterwards).
@@ -56,40 +92,18 @@ def evaluate(model: torch.nn.Module, dataset: ImageDataset, transform=None, *, b
     model.eval()
     if channels_last:
         model.to(memory_format=torch.channels_last)
-    correct1 = correct5 = seen = 0
-    start = time.perf_counter()
-    bar = _progress(len(dataset), f"eval {name}", progress)
+
+    def forward(x: np.ndarray) -> np.ndarray:
+        batch = torch.from_numpy(x)
+        return model(batch.contiguous(memory_format=torch.channels_last) if channels_last else batch).numpy()
+
     try:
-        done = 0
-        for x, y, _ in iter_batches(dataset, transform, batch_size, workers):
-            batch = torch.from_numpy(x)
-            logits = model(batch.contiguous(memory_format=torch.channels_last) if channels_last else batch)
-            if logits.ndim != 2:
-                raise NpuforgeError(f"{name}: expected [N, classes] logits, got shape {list(logits.shape)}")
-            if int(y.max()) >= logits.shape[1]:
-                raise NpuforgeError(f"{name}: the dataset has label {int(y.max())} but the model has "
-                                    f"{logits.shape[1]} classes; pass a matching --class-table or num_classes")
-            k = min(5, logits.shape[1])
-            top = logits.topk(k, dim=1).indices.numpy()
-            correct1 += int((top[:, 0] == y).sum())
-            correct5 += int((top == y[:, None]).any(axis=1).sum())
-            seen += len(y)
-            total_now = seen + len(dataset.skipped)
-            bar.update(total_now - done)
-            done = total_now
+        return evaluate_logits(forward, dataset, transform, batch_size=batch_size, workers=workers,
+                               progress=progress, name=name)
     finally:
-        bar.close()
         model.train(was_training)
         if channels_last:
             model.to(memory_format=torch.contiguous_format)
-    seconds = time.perf_counter() - start
-    if seen == 0:
-        raise NpuforgeError(f"{dataset.root}: none of the {len(dataset)} images could be read "
-                            f"({len(dataset.skipped)} corrupt); check the files")
-    return EvalResult(model=name, data=str(dataset.root), images=seen, top1=100.0 * correct1 / seen,
-                      top5=100.0 * correct5 / seen, skipped=len(dataset.skipped), seconds=seconds,
-                      images_per_s=seen / seconds if seconds > 0 else float("inf"),
-                      skipped_files=[f"{p}: {why}" for p, why in dataset.skipped])
 
 
 @torch.no_grad()

@@ -1,0 +1,124 @@
+"""``npuforge quantize``: calibrate on a folder of images, quantize, write the
+quantized IR and its ONNX QDQ file."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..errors import NpuforgeError
+from .config import ACTIVATION_DTYPES, GRANULARITIES, QuantConfig
+from .observers import METHODS
+
+
+def add_quantize_parser(sub) -> None:
+    p = sub.add_parser(
+        "quantize", help="post-training int8 quantization calibrated on a folder of images",
+        description="Optimize the model's graph, calibrate activation ranges on the first --num-calib images of "
+                    "--calib (file order), quantize to int8 and write the quantized IR at OUT (text + "
+                    "OUT.safetensors) and its ONNX QDQ form at OUT with suffix .onnx.")
+    p.add_argument("model", help="an ONNX file, a saved npuforge IR, or a zoo model name (its weights and "
+                                 "preprocessing are used)")
+    p.add_argument("--calib", required=True, metavar="DIR", help="calibration images (class subfolders or "
+                                                                  "ImageNet-style <wnid>_name.JPEG files)")
+    p.add_argument("--class-table", metavar="TSV", help="class table for flat folders (index, wnid, name)")
+    p.add_argument("--num-calib", type=int, default=100, metavar="N", help="calibration images (default 100)")
+    p.add_argument("--method", default="minmax", choices=METHODS, help="activation range observer (default minmax)")
+    p.add_argument("--granularity", default="per-channel", choices=GRANULARITIES,
+                   help="weight scales per output channel (default) or per tensor")
+    p.add_argument("--activation-dtype", default="uint8", choices=ACTIVATION_DTYPES,
+                   help="activation type (default uint8, asymmetric)")
+    p.add_argument("--symmetric", action="store_true", help="symmetric activations")
+    p.add_argument("--reduce-range", action="store_true",
+                   help="7-bit weights, for ONNX Runtime's int8 kernels on x86 CPUs without VNNI")
+    p.add_argument("--int16", default="", metavar="NAMES", help="comma-separated values or nodes kept at int16")
+    p.add_argument("--keep-float", default="", metavar="NODES", help="comma-separated nodes kept in float")
+    p.add_argument("--strict", action="store_true", help="an op with no quantization rule is an error")
+    p.add_argument("--preprocess", metavar="ZOO_MODEL", help="use this zoo model's preprocessing for an ONNX file")
+    p.add_argument("--batch-size", type=int, default=25, help="calibration batch size (default 25)")
+    p.add_argument("--output", "-o", required=True, metavar="OUT", help="the quantized IR to write (e.g. q.nfir)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_quantize)
+
+
+def _names(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def cmd_quantize(args) -> int:
+    from tqdm import tqdm
+
+    from .. import save
+    from ..export import to_qdq_onnx
+    from ..workflow import resolve_model, stderr_log, transform_of
+    from ..zoo.data import ImageDataset, iter_batches
+    from .quantize import quantize
+
+    out = Path(args.output)
+    if out.suffix in (".onnx", ".safetensors"):
+        raise NpuforgeError(f"--output {out}: name the IR file (e.g. {out.with_suffix('.nfir')}); "
+                            f"the .onnx and .safetensors files are written beside it")
+    if args.num_calib < 1:
+        raise NpuforgeError(f"--num-calib {args.num_calib}: give a positive number of images")
+    config = QuantConfig(method=args.method, granularity=args.granularity, activation_dtype=args.activation_dtype,
+                         symmetric=args.symmetric, reduce_range=args.reduce_range, int16=_names(args.int16),
+                         keep_float=_names(args.keep_float), strict=args.strict)
+    log = stderr_log
+    graph = resolve_model(args.model, args.preprocess, log=log)
+    dataset = ImageDataset(args.calib, args.class_table)
+    if len(dataset) < args.num_calib:
+        raise NpuforgeError(f"--calib {args.calib}: holds {len(dataset)} images but --num-calib is "
+                            f"{args.num_calib}; lower --num-calib or add images")
+    dataset.samples = dataset.samples[:args.num_calib]
+    transform = transform_of(graph.metadata["preprocess"])
+    bar = tqdm(total=len(dataset), desc="calibrating", unit="img", file=sys.stderr,
+               disable=args.quiet or args.json, leave=False)
+    start = time.perf_counter()
+    batches = (x for x, _, _ in iter_batches(dataset, transform, args.batch_size))
+    try:
+        qgraph = quantize(graph, batches, config, progress=lambda n: bar.update(n - bar.n), log=log)
+    finally:
+        bar.close()
+    seconds = time.perf_counter() - start
+    qdq = to_qdq_onnx(qgraph)
+    # write everything beside the target first, then rename: a failure leaves no half-written set
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        staged = Path(tmp) / out.name
+        save(qgraph, staged)
+        staged.with_suffix(".onnx").write_bytes(qdq.SerializeToString())
+        for suffix in ("", ".safetensors", ".onnx"):
+            src = staged.with_suffix(suffix) if suffix else staged
+            os.replace(src, out.with_suffix(suffix) if suffix else out)
+    meta = qgraph.metadata["quantization"]
+    kinds: dict[str, int] = {}
+    for n in qgraph.nodes:
+        kind = "float" if n.name in meta["float_nodes"] else None
+        if kind is None and any(qgraph.values[o].quant is not None for o in n.outputs):
+            kind = n.op
+        if kind:
+            kinds[kind] = kinds.get(kind, 0) + 1
+    summary = {
+        "model": args.model, "output": str(out), "qdq_onnx": str(out.with_suffix(".onnx")),
+        "weights": str(out.with_suffix(".safetensors")), "config": config.to_dict(),
+        "calibration_images": meta["calibration_images"] - len(dataset.skipped),
+        "skipped_images": len(dataset.skipped), "seconds": round(seconds, 2),
+        "quantized_nodes": meta["quantized_nodes"], "float_nodes": meta["float_nodes"],
+        "quantized_values": sum(1 for v in qgraph.values.values() if v.quant is not None and not v.is_const),
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"quantized {args.model}: {summary['quantized_nodes']} nodes in int8 "
+          f"({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}), "
+          f"{len(summary['float_nodes'])} kept in float")
+    print(f"  {config.method} calibration on {summary['calibration_images']} images"
+          f"{f' ({len(dataset.skipped)} unreadable skipped)' if dataset.skipped else ''}, "
+          f"{config.granularity} weights, {config.activation_dtype} activations, {seconds:.1f} s")
+    print(f"  wrote {out}, {out.with_suffix('.safetensors')}, {out.with_suffix('.onnx')} (QDQ)")
+    return 0

@@ -1,0 +1,73 @@
+"""Typed quantization options. An unknown key or a misspelt value is an error."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, fields
+
+from ..errors import NpuforgeError
+from .observers import METHODS
+
+GRANULARITIES = ("per-channel", "per-tensor")
+ACTIVATION_DTYPES = ("uint8", "int8")
+WEIGHT_METHODS = ("minmax", "mse")
+
+
+@dataclass
+class QuantConfig:
+    method: str = field(default="minmax", metadata={
+        "help": f"activation range observer: {', '.join(METHODS)}"})
+    granularity: str = field(default="per-channel", metadata={
+        "help": "weight scales: per-channel (one per output channel) or per-tensor"})
+    activation_dtype: str = field(default="uint8", metadata={"help": "uint8 or int8 activations"})
+    symmetric: bool = field(default=False, metadata={
+        "help": "symmetric activations (zero point 0 for int8, 128 for uint8) instead of asymmetric"})
+    weight_method: str = field(default="auto", metadata={
+        "help": "weight clipping: minmax, mse, or auto (minmax per channel, mse per tensor)"})
+    reduce_range: bool = field(default=False, metadata={
+        "help": "7-bit weights [-63, 63], as ONNX Runtime's reduce_range: its u8s8 kernels on x86 CPUs without "
+                "VNNI add products in int16 pairs, which saturate with 8-bit weights"})
+    percentile: float = field(default=99.99, metadata={"help": "the percentile method's percentile"})
+    bins: int = field(default=4096, metadata={"help": "histogram bins of percentile, kl and mse (a power of two)"})
+    int16: list = field(default_factory=list, metadata={
+        "help": "names of values (tensors) or nodes whose activations are quantized to int16"})
+    keep_float: list = field(default_factory=list, metadata={"help": "names of nodes kept in float"})
+    strict: bool = field(default=False, metadata={
+        "help": "an op with no quantization rule is an error instead of a warning (it is kept in float)"})
+
+    def __post_init__(self):
+        _choose("method", self.method, METHODS)
+        _choose("granularity", self.granularity, GRANULARITIES)
+        _choose("activation_dtype", self.activation_dtype, ACTIVATION_DTYPES)
+        _choose("weight_method", self.weight_method, WEIGHT_METHODS + ("auto",))
+        if not 50.0 < self.percentile <= 100.0:
+            raise NpuforgeError(f"quantization option percentile={self.percentile}: give a value in (50, 100]")
+        if self.bins < 256 or self.bins & (self.bins - 1):
+            raise NpuforgeError(f"quantization option bins={self.bins}: give a power of two >= 256")
+        self.int16, self.keep_float = list(self.int16), list(self.keep_float)
+
+    @property
+    def resolved_weight_method(self) -> str:
+        if self.weight_method != "auto":
+            return self.weight_method
+        return "minmax" if self.granularity == "per-channel" else "mse"
+
+    @classmethod
+    def from_dict(cls, options: dict) -> "QuantConfig":
+        known = [f.name for f in fields(cls)]
+        for key in options:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f"; did you mean '{close[0]}'?" if close else f"; options: {', '.join(known)}"
+                raise NpuforgeError(f"unknown quantization option '{key}'{hint}")
+        return cls(**options)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _choose(option: str, value, choices) -> None:
+    if value not in choices:
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise NpuforgeError(f"quantization option {option}='{value}' is not one of {', '.join(choices)}{hint}")

@@ -1,0 +1,186 @@
+"""Observers: streaming range statistics of one tensor over calibration batches.
+
+Memory is bounded: min/max scalars, or one fixed-size histogram per tensor.
+The histogram spans a symmetric range [-R, R] that doubles (merging bin pairs
+exactly) when a batch exceeds it, so nothing is ever kept but the counts.
+
+Methods (activation ranges):
+  minmax      overall min and max
+  mean        mean over batches of each batch's min and max
+  percentile  the given percentile of each tail (default 99.99)
+  kl          TensorRT-style entropy calibration: the clipping threshold whose
+              quantized distribution has the least KL divergence from the data
+  mse         the clipping range with the least expected squared quantization error
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+METHODS = ("minmax", "mean", "percentile", "kl", "mse")
+
+
+def batch_range(x: torch.Tensor) -> tuple[float, float]:
+    """min and max of a batch; NaN anywhere makes them NaN, so they double as the finiteness check."""
+    lo, hi = torch.aminmax(x.detach().reshape(-1))
+    lo, hi = float(lo), float(hi)
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        raise FloatingPointError("NaN or Inf")
+    return lo, hi
+
+
+class MinMaxObserver:
+    def __init__(self):
+        self.lo, self.hi = np.inf, -np.inf
+
+    def update(self, x: torch.Tensor) -> None:
+        lo, hi = batch_range(x)
+        self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
+
+    def range(self, levels: int) -> tuple[float, float]:
+        return self.lo, self.hi
+
+
+class MeanObserver:
+    def __init__(self):
+        self.lo_sum = self.hi_sum = 0.0
+        self.batches = 0
+
+    def update(self, x: torch.Tensor) -> None:
+        lo, hi = batch_range(x)
+        self.lo_sum += lo
+        self.hi_sum += hi
+        self.batches += 1
+
+    def range(self, levels: int) -> tuple[float, float]:
+        return self.lo_sum / self.batches, self.hi_sum / self.batches
+
+
+class HistogramObserver:
+    def __init__(self, method: str, bins: int = 4096, percentile: float = 99.99):
+        if bins < 8 or bins & (bins - 1):
+            raise ValueError("bins must be a power of two >= 8")
+        self.method, self.bins, self.percentile = method, bins, percentile
+        self.hist = np.zeros(bins, np.float64)
+        self.bound = 0.0  # R: the histogram spans [-R, R]
+        self.lo, self.hi = np.inf, -np.inf
+
+    def update(self, x: torch.Tensor) -> None:
+        x = x.detach().reshape(-1).float()
+        lo, hi = batch_range(x)
+        self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
+        peak = max(-lo, hi)
+        if self.bound == 0.0:
+            self.bound = peak if peak > 0 else 1e-8
+        elif peak > self.bound:
+            self._grow(int(np.ceil(np.log2(peak / self.bound))))
+        self.hist += torch.histc(x, self.bins, -self.bound, self.bound).double().numpy()
+
+    def _grow(self, doublings: int) -> None:
+        """Widen the range by 2**doublings, merging 2**doublings old bins into one, centred."""
+        k = min(doublings, int(np.log2(self.bins)) - 1)
+        factor = 2 ** k
+        merged = self.hist.reshape(-1, factor).sum(axis=1)
+        self.hist = np.zeros(self.bins)
+        start = (self.bins - merged.size) // 2
+        self.hist[start:start + merged.size] = merged
+        self.bound *= 2.0 ** doublings
+        if doublings > k:  # rarely: everything lands in the two central bins
+            self.hist = np.zeros(self.bins)
+            self.hist[self.bins // 2 - 1:self.bins // 2 + 1] = merged.sum() / 2
+
+    # -- range selection ----------------------------------------------------------
+    def range(self, levels: int) -> tuple[float, float]:
+        """Clipping range; ``levels`` is the number of quantization steps over it."""
+        if self.hist.sum() == 0:
+            return 0.0, 0.0
+        if self.method == "percentile":
+            return self._percentile()
+        if self.method == "kl":
+            return self._kl(levels)
+        return self._mse(levels)
+
+    def _edges(self) -> np.ndarray:
+        return np.linspace(-self.bound, self.bound, self.bins + 1)
+
+    def _percentile(self) -> tuple[float, float]:
+        cdf = np.cumsum(self.hist) / self.hist.sum()
+        tail = (100.0 - self.percentile) / 100.0
+        edges = self._edges()
+        lo = edges[np.searchsorted(cdf, tail, side="left")]
+        hi = edges[min(np.searchsorted(cdf, 1.0 - tail, side="left") + 1, self.bins)]
+        return max(lo, self.lo), min(hi, self.hi)
+
+    def _abs_hist(self) -> np.ndarray:
+        half = self.bins // 2
+        return self.hist[half:] + self.hist[:half][::-1]
+
+    def _kl(self, levels: int) -> tuple[float, float]:
+        """TensorRT's entropy calibration on the |x| histogram (vectorized over candidates)."""
+        # TensorRT's choice: 128 quantized bins over [0, T] whatever the type (the
+        # divergence needs many histogram bins per quantized bin to mean anything)
+        q_levels = 128
+        hist = self._abs_hist()
+        hist[0] = hist[1]  # flatten the spike of exact zeros (ReLU), as NVIDIA's pytorch-quantization does
+        n = hist.size
+        best_t, best_kl = n, np.inf
+        stride = max(1, (n - q_levels) // 256)
+        for t in range(q_levels, n + 1, stride):
+            sliced = hist[:t]
+            p = sliced.copy()
+            p[-1] += hist[t:].sum()  # the reference keeps the clipped mass in its last bin
+            nonzero = p > 0
+            if not nonzero.any():
+                continue
+            # the candidate: t bins merged into q_levels groups (without the clipped
+            # mass), each group's mass spread evenly over its non-empty bins
+            group = (np.arange(t) * q_levels) // t
+            mass = np.bincount(group, weights=sliced, minlength=q_levels)
+            count = np.bincount(group, weights=nonzero.astype(np.float64), minlength=q_levels)
+            q = np.where(nonzero, mass[group] / np.maximum(count[group], 1), 0.0)
+            kl = _kl_divergence(_smooth(p), _smooth(q))
+            if kl < best_kl:
+                best_kl, best_t = kl, t
+        threshold = best_t * self.bound / n
+        return max(self.lo, -threshold), min(self.hi, threshold)
+
+    def _mse(self, levels: int) -> tuple[float, float]:
+        """Shrink [lo, hi] by a common factor; keep the factor whose quantization
+        of the histogram (bin centres, weighted by counts) has the least squared error."""
+        edges = self._edges()
+        centres = (edges[:-1] + edges[1:]) / 2
+        keep = self.hist > 0
+        x, w = centres[keep], self.hist[keep]
+        lo, hi = min(self.lo, 0.0), max(self.hi, 0.0)
+        factors = np.linspace(0.2, 1.0, 81)
+        los, his = lo * factors, hi * factors
+        scale = np.maximum((his - los) / levels, 1e-12)[:, None]
+        zero = np.rint(-los[:, None] / scale)
+        q = np.clip(np.rint(x[None, :] / scale) + zero, 0, levels)
+        err = (((q - zero) * scale - x[None, :]) ** 2 * w[None, :]).sum(axis=1)
+        best = int(np.argmin(err))
+        return float(los[best]), float(his[best])
+
+
+def _smooth(p: np.ndarray, eps: float = 1e-4) -> np.ndarray:
+    """Move a little mass onto empty bins so the divergence stays finite (as MXNet and TensorRT do)."""
+    zeros = p == 0
+    n_zero, n_nonzero = int(zeros.sum()), int((~zeros).sum())
+    if n_zero == 0 or n_nonzero == 0:
+        return p
+    return p + eps * zeros - (eps * n_zero / n_nonzero) * (~zeros)
+
+
+def _kl_divergence(p: np.ndarray, q: np.ndarray) -> float:
+    p, q = p / p.sum(), q / q.sum()
+    keep = p > 0
+    return float(np.sum(p[keep] * np.log(p[keep] / np.maximum(q[keep], 1e-30))))
+
+
+def make_observer(method: str, bins: int = 4096, percentile: float = 99.99):
+    if method == "minmax":
+        return MinMaxObserver()
+    if method == "mean":
+        return MeanObserver()
+    return HistogramObserver(method, bins, percentile)

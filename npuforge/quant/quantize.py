@@ -1,0 +1,255 @@
+"""Post-training quantization of a graph: plan, calibrate, choose parameters,
+decide the integers.
+
+The result is the same graph with quantization parameters on its values
+(``Value.quant``) and, per quantized node, the integer constants an NPU needs
+(``Node.quant``: int8 weights, int32 bias, requantization multiplier and
+shift, lookup tables). Float weights stay in the graph for analysis.
+
+Parameter sharing (one set of parameters for several values) follows the ops'
+rules: a "passthrough" op's output shares its input's parameters, a "concat"
+op's inputs and output share one set. Add/Sub/Mul inputs keep their own
+parameters and the integer op rescales each to the output's (the documented
+policy). Shape arithmetic stays as it is.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..errors import NpuforgeError
+from ..ir import dtypes
+from ..ops.registry import get_op
+from .calibrate import calibrate
+from .config import QuantConfig
+from .params import QParams, QRANGES, from_range, weight_params
+from .requant import quantize_multiplier
+
+QUANTIZED_KINDS = ("compute", "matmul", "elementwise", "pool", "lut", "passthrough", "concat")
+
+
+@dataclass
+class Plan:
+    kinds: dict = field(default_factory=dict)  # node name -> kind
+    activations: set = field(default_factory=set)  # non-constant values to calibrate
+    constants: set = field(default_factory=set)  # constant operands quantized from their data
+    parent: dict = field(default_factory=dict)  # union-find over values sharing parameters
+    kept_float: list = field(default_factory=list)  # (node, reason)
+
+    def find(self, v: str) -> str:
+        while self.parent.get(v, v) != v:
+            self.parent[v] = self.parent.get(self.parent[v], self.parent[v])
+            v = self.parent[v]
+        return v
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[rb] = ra
+
+
+def _is_float(graph, name: str) -> bool:
+    return bool(name) and graph.values[name].dtype in dtypes.FLOAT_DTYPES
+
+
+def make_plan(graph, config: QuantConfig) -> Plan:
+    plan = Plan()
+    keep = set(config.keep_float)
+    unknown = keep - {n.name for n in graph.nodes}
+    if unknown:
+        raise NpuforgeError(f"keep_float names unknown node(s): {', '.join(sorted(unknown))}")
+    for node in graph.nodes:
+        kind = get_op(node.op).quant_kind(node, graph)
+        if node.name in keep:
+            plan.kept_float.append((node, "asked to keep in float"))
+            continue
+        if kind == "shape":
+            continue
+        if kind is None:
+            if any(_is_float(graph, o) for o in node.outputs):
+                plan.kept_float.append((node, "no quantization rule"))
+            continue
+        plan.kinds[node.name] = kind
+        float_ins = [i for i in node.inputs if _is_float(graph, i)]
+        if kind == "compute":
+            float_ins = float_ins[:1]  # weight and bias are quantized by the node
+        elif kind in ("lut", "pool", "passthrough"):
+            float_ins = float_ins[:1]  # other float inputs are parameters (Clip bounds, pad value)
+        for name in float_ins:
+            (plan.constants if graph.values[name].is_const else plan.activations).add(name)
+        outs = [o for o in node.outputs if _is_float(graph, o)]
+        plan.activations.update(outs)
+        if kind == "passthrough" and float_ins:
+            for o in outs:
+                plan.union(float_ins[0], o)
+        elif kind == "concat":
+            for name in float_ins + outs:
+                plan.union(float_ins[0], name)
+    if config.strict and plan.kept_float:
+        node, reason = next((n, r) for n, r in plan.kept_float if r == "no quantization rule")
+        raise NpuforgeError(f"node '{node.name}' ({node.op}) has no quantization rule (strict mode); "
+                            f"keep it in float with keep_float or drop --strict")
+    return plan
+
+
+def _levels(dtype: str, symmetric: bool) -> int:
+    lo, hi = QRANGES[dtype]
+    return (hi - lo - 1) if symmetric and dtype != "uint8" else (hi - lo)
+
+
+def _group_params(graph, plan: Plan, observers: dict, config: QuantConfig) -> dict:
+    """One QParams per sharing group, from the union of its members' ranges."""
+    int16 = set(config.int16)
+    producer = {o: n.name for n in graph.nodes for o in n.outputs}
+    members: dict[str, list[str]] = {}
+    for name in sorted(plan.activations | plan.constants):
+        members.setdefault(plan.find(name), []).append(name)
+    params = {}
+    for root, names in members.items():
+        wide = any(n in int16 or producer.get(n) in int16 for n in names)
+        dtype = "int16" if wide else config.activation_dtype
+        symmetric = config.symmetric or wide
+        lo, hi = np.inf, -np.inf
+        for n in names:
+            v = graph.values[n]
+            if v.is_const:
+                a, b = float(v.data.min()), float(v.data.max())
+            else:
+                a, b = observers[n].range(_levels(dtype, symmetric))
+            lo, hi = min(lo, a), max(hi, b)
+        p = from_range(lo, hi, dtype, symmetric)
+        for n in names:
+            params[n] = p
+    return params
+
+
+def _weight_clip(w: np.ndarray, axis: int | None, method: str, qmax: int) -> np.ndarray | None:
+    """None for max |w|; for "mse" the clipping bound with the least squared rounding error."""
+    if method != "mse":
+        return None
+    wt = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1) if axis is not None else w.reshape(1, -1)
+    peak = np.abs(wt).max(axis=1)
+    best, best_err = peak.copy(), np.full(peak.shape, np.inf)
+    for f in np.linspace(0.3, 1.0, 71):
+        bound = np.maximum(peak * f, 1e-12)
+        scale = (bound / qmax)[:, None]
+        err = ((np.clip(np.rint(wt / scale), -qmax, qmax) * scale - wt) ** 2).sum(axis=1)
+        better = err < best_err
+        best[better], best_err[better] = bound[better], err[better]
+    return best if axis is not None else best[0]
+
+
+def _add_int(graph, node, role: str, data: np.ndarray) -> None:
+    name = graph.unique_name(f"{node.name}::{role}")
+    graph.add_const(name, data)
+    node.quant[role] = name
+
+
+def _requant(graph, node, role: str, m) -> None:
+    mult, shift = quantize_multiplier(np.atleast_1d(np.asarray(m, np.float64)))
+    _add_int(graph, node, f"multiplier{role}", mult)
+    _add_int(graph, node, f"shift{role}", shift)
+
+
+def _quantize_compute(graph, node, config: QuantConfig) -> None:
+    op = get_op(node.op)
+    x, w = graph.values[node.inputs[0]], graph.values[node.inputs[1]]
+    y = graph.values[node.outputs[0]]
+    axis = op.weight_axis(node, graph) if config.granularity == "per-channel" else None
+    qmax = 63 if config.reduce_range else 127
+    wp = weight_params(w.data, axis, qmax, _weight_clip(w.data, axis, config.resolved_weight_method, qmax))
+    w.quant = wp
+    _add_int(graph, node, "weight", wp.quantize(w.data))
+    in_scale, out_scale = np.float64(x.quant.scale), np.float64(y.quant.scale)
+    bias_scale = (in_scale * wp.scale.astype(np.float64)).astype(np.float32)
+    if len(node.inputs) > 2 and node.inputs[2]:
+        b = graph.values[node.inputs[2]]
+        b.quant = QParams("int32", bias_scale, np.zeros(bias_scale.shape, np.int32), 0 if axis is not None else None)
+        _add_int(graph, node, "bias", b.quant.quantize(b.data))
+    _requant(graph, node, "", in_scale * wp.scale.astype(np.float64) / out_scale)
+
+
+def _lut(graph, node) -> None:
+    """Table over every input code: dequantize -> the op's float forward -> quantize."""
+    xp, yp = graph.values[node.inputs[0]].quant, graph.values[node.outputs[0]].quant
+    codes = np.arange(xp.qmin, xp.qmax + 1)
+    x = torch.from_numpy(xp.dequantize(codes))
+    extra = [None if not i else torch.from_numpy(np.array(graph.values[i].data)) for i in node.inputs[1:]]
+    with torch.no_grad():
+        y = get_op(node.op).forward(node, [x, *extra])[0].numpy()
+    _add_int(graph, node, "lut", yp.quantize(y))
+
+
+def _quantize_node(graph, node, kind: str, config: QuantConfig) -> None:
+    ins = [graph.values[i].quant if i else None for i in node.inputs]
+    out = graph.values[node.outputs[0]].quant
+    if kind == "compute":
+        _quantize_compute(graph, node, config)
+    elif kind == "matmul":
+        _requant(graph, node, "", np.float64(ins[0].scale) * np.float64(ins[1].scale) / np.float64(out.scale))
+    elif kind == "elementwise":
+        for k, name in enumerate(node.inputs):
+            v = graph.values[name]
+            if v.is_const:
+                _add_int(graph, node, f"input{k}", v.quant.quantize(v.data))
+        if node.op == "Mul":
+            _requant(graph, node, "", np.float64(ins[0].scale) * np.float64(ins[1].scale) / np.float64(out.scale))
+        else:
+            for k in range(2):
+                _requant(graph, node, str(k), np.float64(ins[k].scale) / np.float64(out.scale))
+    elif kind == "pool":
+        _requant(graph, node, "", np.float64(ins[0].scale) / np.float64(out.scale))
+    elif kind == "lut":
+        _lut(graph, node)
+
+
+def _as_graph(model, optimize: bool):
+    from .. import load
+    from ..ir.graph import Graph
+    from ..passes import optimize as run_passes
+
+    graph = model if isinstance(model, Graph) else load(model)
+    if any(v.quant is not None for v in graph.values.values()):
+        raise NpuforgeError("the model is already quantized")
+    if optimize:
+        return run_passes(graph)[0]  # works on a copy
+    return copy.deepcopy(graph)
+
+
+def quantize(model, data, config=None, *, optimize: bool = True, progress=None, log=None):
+    """Calibrate on ``data`` (an iterable of input batches, arrays or {name: array})
+    and quantize: ``model`` (Graph or path) -> a new quantized Graph.
+
+    The graph is first optimized with the default pass pipeline (BatchNorm
+    folding, Pad folding, activation fusion...) unless ``optimize=False``.
+    ``config``: a QuantConfig or a dict of its fields. ``progress(images)`` is
+    called after each batch; ``log(message)`` receives warnings (default: warnings.warn).
+    """
+    graph = _as_graph(model, optimize)
+    config = config if isinstance(config, QuantConfig) else QuantConfig.from_dict(dict(config or {}))
+    plan = make_plan(graph, config)
+    for node, reason in plan.kept_float:
+        msg = f"node '{node.name}' ({node.op}) kept in float: {reason}"
+        (log or (lambda m: warnings.warn(m, stacklevel=2)))(msg)
+    observers, images, seconds = calibrate(graph, data, plan.activations, config.method, bins=config.bins,
+                                           percentile=config.percentile, progress=progress)
+    for name, p in _group_params(graph, plan, observers, config).items():
+        graph.values[name].quant = p
+    for node in graph.nodes:
+        kind = plan.kinds.get(node.name)
+        if kind:
+            _quantize_node(graph, node, kind, config)
+    graph.metadata["quantization"] = {
+        "config": config.to_dict(),
+        "calibration_images": images,
+        "calibration_seconds": round(seconds, 3),
+        "quantized_nodes": len(plan.kinds),
+        "float_nodes": [n.name for n, _ in plan.kept_float],
+    }
+    graph.check()
+    return graph

@@ -1,0 +1,118 @@
+"""What the quantize / eval / demo commands share: turning a MODEL argument into a
+graph with its preprocessing, and running a graph with a chosen engine.
+
+MODEL is a zoo name (its pretrained weights and preprocessing), an ONNX file or
+a saved IR. A graph carries its preprocessing in ``graph.metadata["preprocess"]``
+once npuforge has seen where it came from, so a quantized IR evaluates as it was
+calibrated.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .errors import NpuforgeError
+
+ENGINES = ("npuforge", "ort")
+
+
+def preprocess_of(config) -> dict:
+    """The JSON preprocessing record of a zoo PretrainedConfig."""
+    return {"resize_size": config.resize_size, "crop_size": list(config.crop_size),
+            "interpolation": config.interpolation, "mean": list(config.mean), "std": list(config.std),
+            "source": f"zoo:{config.name}"}
+
+
+def transform_of(preprocess: dict):
+    from .zoo.transforms import EvalTransform
+
+    return EvalTransform(preprocess["resize_size"], tuple(preprocess["crop_size"]), preprocess["interpolation"],
+                         preprocess["mean"], preprocess["std"])
+
+
+def zoo_graph(name: str, log=None):
+    """A zoo model (pretrained when weights exist) exported and imported, with its preprocessing."""
+    import torch
+
+    from . import export_onnx, import_onnx
+    from .zoo import create_model, get_config
+
+    config = get_config(name)
+    if not config.has_weights and log:
+        log(f"note: {name} has no pretrained weights; using random initialisation")
+    model = create_model(name, pretrained=config.has_weights).eval()
+    buffer = io.BytesIO()
+    export_onnx(model, torch.zeros(1, *config.input_size), buffer, input_names=("input",), output_names=("logits",))
+    import onnx
+
+    graph = import_onnx(onnx.load_from_string(buffer.getvalue()), name=name)
+    graph.metadata["preprocess"] = preprocess_of(config)
+    return graph
+
+
+def resolve_model(spec: str, preprocess: str | None = None, log=None):
+    """MODEL argument -> Graph with metadata["preprocess"] set."""
+    from . import load
+    from .zoo import get_config, list_models
+
+    path = Path(spec)
+    if not path.exists() and spec in list_models():
+        graph = zoo_graph(spec, log)
+    elif not path.exists():
+        import difflib
+
+        close = difflib.get_close_matches(spec, list_models(), n=3)
+        hint = f"; zoo models like it: {', '.join(close)}" if close else ""
+        raise NpuforgeError(f"{spec}: no such file, and not a zoo model{hint}")
+    else:
+        graph = load(path)
+    if preprocess:
+        graph.metadata["preprocess"] = preprocess_of(get_config(preprocess))
+    elif "preprocess" not in graph.metadata:
+        shape = graph.values[graph.inputs[0]].shape
+        if len(shape) != 4 or not all(isinstance(d, int) for d in shape[2:]):
+            raise NpuforgeError(f"{spec}: input shape {list(shape)} is not an image batch [N, 3, H, W] with a "
+                                f"static size; give --preprocess ZOO_MODEL")
+        crop = (shape[2], shape[3])
+        graph.metadata["preprocess"] = {"resize_size": int(round(max(crop) / 0.875)), "crop_size": list(crop),
+                                        "interpolation": "bilinear", "mean": [123.675, 116.28, 103.53],
+                                        "std": [58.395, 57.12, 57.375], "source": "default ImageNet"}
+        if log:
+            log(f"note: {spec} records no preprocessing; using ImageNet defaults (resize {crop[0] / 0.875:.0f}, "
+                f"crop {crop[0]}x{crop[1]}, mean/std of ImageNet); --preprocess ZOO_MODEL picks another")
+    return graph
+
+
+def forward_of(graph, engine: str = "npuforge", onnx_path: Path | None = None):
+    """A batch -> logits function for the engine: npuforge (float, or fake-quant for a
+    quantized graph) or ort (ONNX Runtime on the ONNX / QDQ form)."""
+    from .sim.fake_quant import is_quantized, run_fake_quant
+
+    if engine not in ENGINES:
+        raise NpuforgeError(f"--engine {engine}: choose one of {', '.join(ENGINES)}")
+    if engine == "npuforge":
+        name = graph.inputs[0]
+        run = run_fake_quant if is_quantized(graph) else (lambda g, feeds: g.run(feeds))
+        return lambda x: run(graph, {name: x})[graph.outputs[0]]
+    import onnxruntime as ort
+
+    from .export import to_onnx, to_qdq_onnx
+
+    if onnx_path is not None:
+        source = str(onnx_path)
+    else:
+        source = (to_qdq_onnx(graph) if is_quantized(graph) else to_onnx(graph)).SerializeToString()
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    out = session.get_outputs()[0].name
+    in_name = session.get_inputs()[0].name
+    return lambda x: session.run([out], {in_name: x})[0]
+
+
+def stderr_log(message: str) -> None:
+    print(message, file=sys.stderr)
