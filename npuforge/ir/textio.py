@@ -69,9 +69,10 @@ def dumps(graph: Graph, weights_name: str, weights_sha: str) -> str:
         lines.append(f"node {_name(n.name)} = {n.op}({ins}) -> {outs} {_json(n.attrs)}")
     for name in graph.outputs:
         lines.append(f"output {_name(name)}")
-    for v in graph.values.values():
-        if v.quant is not None:
-            lines.append(f"quant {_name(v.name)} {_json(v.quant.to_json())}")
+    declared = [*graph.inputs, *(v.name for v in graph.constants()), *(o for n in graph.nodes for o in n.outputs)]
+    for name in declared:  # the order of the declarations above, so a reload writes the same bytes
+        if graph.values[name].quant is not None:
+            lines.append(f"quant {_name(name)} {_json(graph.values[name].quant.to_json())}")
     for n in graph.nodes:
         if n.quant:
             lines.append(f"qnode {_name(n.name)} {_json(n.quant)}")

@@ -106,7 +106,7 @@ def cmd_quantize(args) -> int:
     summary = {
         "model": args.model, "output": str(out), "qdq_onnx": str(out.with_suffix(".onnx")),
         "weights": str(out.with_suffix(".safetensors")), "config": config.to_dict(),
-        "calibration_images": meta["calibration_images"] - len(dataset.skipped),
+        "calibration_images": meta["calibration_images"],
         "skipped_images": len(dataset.skipped), "seconds": round(seconds, 2),
         "quantized_nodes": meta["quantized_nodes"], "float_nodes": meta["float_nodes"],
         "quantized_values": sum(1 for v in qgraph.values.values() if v.quant is not None and not v.is_const),

@@ -74,15 +74,15 @@ class QParams:
     def quantize(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, np.float32)
         s = self._broadcast(self.scale, x.ndim)
-        z = self._broadcast(self.zero_point, x.ndim).astype(np.int64)
-        q = np.rint(x / s).astype(np.int64) + z
-        return np.clip(q, self.qmin, self.qmax).astype(_NP_INT[self.dtype])
+        z = self._broadcast(self.zero_point, x.ndim).astype(np.float64)
+        q = np.rint(x / s) + z  # clip while still float: a huge x / s must saturate, not wrap
+        return np.asarray(np.clip(q, self.qmin, self.qmax), dtype=_NP_INT[self.dtype])
 
     def dequantize(self, q: np.ndarray) -> np.ndarray:
         q = np.asarray(q)
         s = self._broadcast(self.scale, q.ndim)
         z = self._broadcast(self.zero_point, q.ndim)
-        return ((q.astype(np.int64) - z) * s.astype(np.float64)).astype(np.float32)
+        return np.asarray((q.astype(np.int64) - z) * s.astype(np.float64), dtype=np.float32)
 
     # torch: used by the fake-quant executor on activations
     def fake_quant(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,249 @@
+"""Quantization: parameter math (property tests), observers, config, the quantizer's
+structure on a small network, QDQ export against ONNX Runtime, and bad inputs."""
+
+import filecmp
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import npuforge
+from npuforge.errors import NpuforgeError
+from npuforge.export import to_qdq_onnx
+from npuforge.quant.config import QuantConfig
+from npuforge.quant.observers import HistogramObserver, make_observer
+from npuforge.quant.params import QParams, from_range, to_symmetric
+from npuforge.quant.requant import multiplier_value, quantize_multiplier
+from npuforge.sim.fake_quant import run_fake_quant
+
+# -- parameter math -------------------------------------------------------------------
+
+ranges = st.tuples(st.floats(-100, 0, allow_nan=False), st.floats(0, 100, allow_nan=False))
+
+
+@settings(max_examples=200, deadline=None)
+@given(r=ranges, dtype=st.sampled_from(["uint8", "int8", "int16"]), symmetric=st.booleans())
+def test_range_params_keep_zero_exact_and_cover_the_range(r, dtype, symmetric):
+    lo, hi = r
+    p = from_range(lo, hi, dtype, symmetric)
+    assert p.qmin <= int(p.zero_point) <= p.qmax
+    assert p.dequantize(np.array(p.zero_point))[()] == 0.0
+    xs = np.array([lo, hi, 0.0], np.float32)
+    err = np.abs(p.dequantize(p.quantize(xs)) - xs)
+    assert (err <= p.scale * 0.5 + 1e-6 * max(1.0, abs(lo), hi) + 1e-30).all()
+
+
+@settings(max_examples=100, deadline=None)
+@given(r=ranges, dtype=st.sampled_from(["uint8", "int8"]))
+def test_quantize_round_trips_codes_and_saturates(r, dtype):
+    p = from_range(*r, dtype, symmetric=False)
+    codes = np.arange(p.qmin, p.qmax + 1)
+    np.testing.assert_array_equal(p.quantize(p.dequantize(codes)), codes)
+    big = np.array([1e9, -1e9], np.float32)
+    np.testing.assert_array_equal(p.quantize(big), [p.qmax, p.qmin])
+    torch_fq = p.fake_quant(torch.from_numpy(p.dequantize(codes)))
+    np.testing.assert_array_equal(torch_fq.numpy(), p.dequantize(codes))
+
+
+@settings(max_examples=100, deadline=None)
+@given(r=ranges)
+def test_to_symmetric_covers_the_asymmetric_range(r):
+    p = from_range(*r, "int8", symmetric=False)
+    s = to_symmetric(p)
+    assert int(s.zero_point) == 0
+    lo, hi = p.dequantize(np.array([p.qmin, p.qmax]))
+    assert s.dequantize(np.array(127)) >= max(-lo, hi) * (1 - 1e-6)
+
+
+def test_rounding_is_half_to_even():
+    p = QParams("int8", np.float32(1.0), np.int32(0))
+    np.testing.assert_array_equal(p.quantize(np.array([0.5, 1.5, 2.5, -0.5, -1.5])), [0, 2, 2, 0, -2])
+    np.testing.assert_array_equal(p.fake_quant(torch.tensor([0.5, 1.5, 2.5])).numpy(), [0, 2, 2])
+
+
+@settings(max_examples=300, deadline=None)
+@given(m=st.floats(1e-9, 1e4, allow_nan=False))
+def test_requant_multiplier_relative_error_below_2_pow_31(m):
+    mult, shift = quantize_multiplier(np.array([m]))
+    assert 2**30 <= int(mult[0]) < 2**31
+    assert abs(multiplier_value(mult, shift)[0] - m) <= m * 2.0**-31
+
+
+def test_requant_multiplier_zero_and_errors():
+    mult, shift = quantize_multiplier(np.array([0.0, 0.5]))
+    assert mult[0] == 0 and mult[1] == 2**30 and shift[1] == 0
+    with pytest.raises(ValueError):
+        quantize_multiplier(np.array([-1.0]))
+
+
+# -- observers -----------------------------------------------------------------------
+
+def test_minmax_and_mean_observers():
+    mm, mean = make_observer("minmax"), make_observer("mean")
+    for lo, hi in ((-1.0, 2.0), (-3.0, 1.0)):
+        t = torch.tensor([lo, 0.5, hi])
+        mm.update(t)
+        mean.update(t)
+    assert mm.range(255) == (-3.0, 2.0)
+    assert mean.range(255) == (-2.0, 1.5)
+
+
+def test_histogram_grows_without_losing_counts():
+    obs = HistogramObserver("percentile", bins=256)
+    obs.update(torch.linspace(-1, 1, 1000))
+    obs.update(torch.linspace(-10, 10, 1000))
+    assert obs.hist.sum() == 2000 and obs.bound >= 10
+    assert obs.range(255) == pytest.approx((-10, 10), rel=0.05)
+
+
+@pytest.mark.parametrize("method", ["percentile", "kl"])
+def test_histogram_methods_clip_outliers(method):
+    torch.manual_seed(0)
+    x = torch.cat([torch.randn(200000).clamp(min=0), torch.tensor([80.0])])  # ReLU-like with one outlier
+    obs = make_observer(method)
+    obs.update(x)
+    lo, hi = obs.range(255)
+    assert lo == 0.0 and 2.0 < hi < 40.0
+
+
+def test_mse_clips_a_heavy_tail_but_keeps_a_lone_outlier():
+    torch.manual_seed(0)
+    laplace = torch.distributions.Laplace(0.0, 1.0).sample((200000,))
+    obs = make_observer("mse")
+    obs.update(laplace)
+    lo, hi = obs.range(255)
+    assert 0.3 * laplace.max() < hi < 0.9 * laplace.max() and 0.3 * -laplace.min() < -lo < 0.9 * -laplace.min()
+    # one far point costs more clipped than the rounding it saves: MSE keeps most of the range
+    obs = make_observer("mse")
+    obs.update(torch.cat([torch.randn(20000).clamp(min=0), torch.tensor([80.0])]))
+    assert obs.range(255)[1] > 60
+
+
+def test_nan_in_data_is_reported():
+    obs = make_observer("minmax")
+    with pytest.raises(FloatingPointError):
+        obs.update(torch.tensor([0.0, float("nan")]))
+
+
+# -- config --------------------------------------------------------------------------
+
+def test_config_rejects_unknown_keys_and_misspelt_values():
+    with pytest.raises(NpuforgeError, match="unknown quantization option 'granularty'; did you mean 'granularity'"):
+        QuantConfig.from_dict({"granularty": "per-tensor"})
+    with pytest.raises(NpuforgeError, match="method='minmx' is not one of .*did you mean 'minmax'"):
+        QuantConfig(method="minmx")
+    assert QuantConfig(granularity="per-tensor").resolved_weight_method == "mse"
+
+
+# -- the quantizer on a small network ------------------------------------------------------
+
+class Small(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.c3 = torch.nn.Conv2d(16, 6, 1)
+        self.fc = torch.nn.Linear(6, 5)
+
+    def forward(self, x):
+        a = torch.relu(self.bn(self.c1(x)))
+        b = torch.sigmoid(self.c2(a)) * 2.0
+        c = torch.cat([a, b], 1)
+        c = torch.nn.functional.max_pool2d(c, 2)
+        d = torch.nn.functional.hardswish(self.c3(c)) + 0.5
+        return self.fc(d.mean((2, 3)))
+
+
+@pytest.fixture(scope="module")
+def small():
+    torch.manual_seed(0)
+    m = Small().eval()
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-0.5, 0.5)
+        m.bn.running_var.uniform_(0.5, 2)
+    graph = npuforge.from_torch(m, torch.zeros(1, 3, 16, 16))
+    rng = np.random.default_rng(1)
+    calib = [rng.standard_normal((8, 3, 16, 16)).astype(np.float32) for _ in range(4)]
+    return m, graph, calib
+
+
+def test_quantized_small_network_structure(small):
+    _, graph, calib = small
+    q = npuforge.quantize(graph, calib)
+    ops = q.op_histogram()
+    assert "BatchNormalization" not in ops  # the optimizer ran first
+    by_op = {n.op: n for n in q.nodes}
+    # concat inputs and output share one set of parameters; max-pool passes them through
+    concat = by_op["Concat"]
+    shared = [q.values[v].quant for v in concat.inputs + concat.outputs]
+    assert all(p.same_as(shared[0]) for p in shared)
+    pool = by_op["MaxPool"]
+    assert q.values[pool.inputs[0]].quant.same_as(q.values[pool.outputs[0]].quant)
+    # integers are decided once and stored
+    conv = next(n for n in q.nodes if n.op == "Conv" and n.attrs["group"] == 8)
+    assert set(conv.quant) == {"weight", "bias", "multiplier", "shift"}
+    assert q.values[conv.quant["weight"]].dtype == "int8" and q.values[conv.quant["bias"]].dtype == "int32"
+    assert q.values[conv.quant["multiplier"]].shape == (8,)
+    assert q.values[by_op["Sigmoid"].quant["lut"]].shape == (256,)
+    assert "lut" in by_op["HardSwish"].quant
+    assert {"multiplier0", "shift0", "multiplier1", "shift1"} <= set(by_op["Add"].quant)
+
+
+def test_fake_quant_tracks_float(small):
+    _, graph, calib = small
+    x = calib[0]
+    ref = graph.run({graph.inputs[0]: x})[graph.outputs[0]]
+    for gran in ("per-channel", "per-tensor"):
+        q = npuforge.quantize(graph, calib, {"granularity": gran})
+        out = run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]
+        sqnr = 10 * np.log10((ref ** 2).sum() / ((ref - out) ** 2).sum())
+        assert sqnr > 25, f"{gran}: SQNR {sqnr:.1f} dB"
+
+
+def test_quantized_ir_round_trip_and_qdq_in_ort(small, tmp_path):
+    _, graph, calib = small
+    q = npuforge.quantize(graph, calib, {"method": "percentile"})
+    npuforge.save(q, tmp_path / "a" / "q.nfir")
+    q2 = npuforge.load(tmp_path / "a" / "q.nfir")
+    npuforge.save(q2, tmp_path / "b" / "q.nfir")
+    assert filecmp.cmp(tmp_path / "a" / "q.nfir", tmp_path / "b" / "q.nfir", shallow=False)
+    x = calib[1]
+    fq = run_fake_quant(q2, {q2.inputs[0]: x})[q2.outputs[0]]
+    np.testing.assert_array_equal(fq, run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]])
+    # ORT running the QDQ graph without its integer fusions computes the fake-quant numbers
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(to_qdq_onnx(q2).SerializeToString(), options, providers=["CPUExecutionProvider"])
+    out = sess.run(None, {q2.inputs[0]: x})[0]
+    step = float(q2.values[q2.outputs[0]].quant.scale)
+    assert np.abs(out - fq).max() <= 2 * step
+
+
+def test_op_without_rule_is_kept_float_with_warning_or_error_when_strict():
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Softmax(dim=1))
+    graph = npuforge.from_torch(m, torch.zeros(1, 3, 6, 6))
+    calib = [np.random.default_rng(0).standard_normal((4, 3, 6, 6)).astype(np.float32)]
+    messages = []
+    q = npuforge.quantize(graph, calib, log=messages.append)
+    assert any("(Softmax) kept in float: no quantization rule" in m for m in messages)
+    assert q.values[q.outputs[0]].quant is None
+    with pytest.raises(NpuforgeError, match=r"\(Softmax\) has no quantization rule \(strict mode\)"):
+        npuforge.quantize(graph, calib, {"strict": True})
+
+
+def test_nan_activation_names_the_value():
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())
+    graph = npuforge.from_torch(m, torch.zeros(1, 3, 6, 6))
+    bad = np.zeros((2, 3, 6, 6), np.float32)
+    bad[0, 0, 0, 0] = np.nan
+    with pytest.raises(NpuforgeError, match="calibration batch 0: value '.*' .* holds NaN or Inf"):
+        npuforge.quantize(graph, [bad])
+
+
+def test_no_calibration_data():
+    graph = npuforge.from_torch(torch.nn.Conv2d(3, 4, 3), torch.zeros(1, 3, 6, 6))
+    with pytest.raises(NpuforgeError, match="calibration got no data"):
+        npuforge.quantize(graph, [])

@@ -1,0 +1,119 @@
+"""npuforge quantize / eval on real images: bad inputs, and EfficientNet-Lite0's accuracy cost."""
+
+import json
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from PIL import Image
+
+import npuforge
+from npuforge.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("model")
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, stride=2), torch.nn.ReLU6(), torch.nn.AdaptiveAvgPool2d(1),
+                            torch.nn.Flatten(), torch.nn.Linear(8, 10)).eval()
+    path = folder / "tiny.onnx"
+    npuforge.export_onnx(m, torch.zeros(1, 3, 32, 32), str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for cls in ("a", "b"):
+        (folder / cls).mkdir()
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(folder / cls / f"{i}.png")
+    return folder
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(code, err, *fragments):
+    assert code == 2
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("npuforge: error: "), err
+    for f in fragments:
+        assert f in line, line
+
+
+def test_quantize_writes_ir_weights_and_qdq(capsys, tiny_model, images, tmp_path):
+    out = tmp_path / "q" / "tiny.nfir"
+    code, stdout, _ = run(capsys, "quantize", tiny_model, "--calib", images, "--num-calib", 6, "-o", out, "--json")
+    assert code == 0
+    summary = json.loads(stdout)
+    assert summary["calibration_images"] == 6 and summary["float_nodes"] == []
+    for suffix in (".nfir", ".safetensors", ".onnx"):
+        assert out.with_suffix(suffix).is_file()
+    ops = {n.op_type for n in onnx.load(out.with_suffix(".onnx")).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear", "Conv"} <= ops
+    q = npuforge.load(out)
+    assert q.metadata["quantization"]["config"]["method"] == "minmax"
+    code, stdout, _ = run(capsys, "eval", out, "--data", images, "--json")
+    assert code == 0 and json.loads(stdout)["images"] == 6
+    code, stdout, _ = run(capsys, "eval", out.with_suffix(".onnx"), "--engine", "ort", "--data", images, "--json")
+    assert code == 0 and json.loads(stdout)["images"] == 6
+
+
+def test_empty_calibration_folder(capsys, tiny_model, tmp_path):
+    (tmp_path / "empty").mkdir()
+    code, _, err = run(capsys, "quantize", tiny_model, "--calib", tmp_path / "empty", "-o", tmp_path / "q.nfir")
+    one_line_error(code, err, "empty", "no images found")
+    assert not (tmp_path / "q.nfir").exists()
+
+
+def test_fewer_images_than_num_calib(capsys, tiny_model, images, tmp_path):
+    code, _, err = run(capsys, "quantize", tiny_model, "--calib", images, "--num-calib", 100, "-o", tmp_path / "q.nfir")
+    one_line_error(code, err, "holds 6 images but --num-calib is 100")
+
+
+def test_output_must_name_the_ir(capsys, tiny_model, images, tmp_path):
+    code, _, err = run(capsys, "quantize", tiny_model, "--calib", images, "-o", tmp_path / "q.onnx")
+    one_line_error(code, err, "--output", "name the IR file")
+
+
+def test_misspelt_method_is_an_argparse_error(capsys, tiny_model, images, tmp_path):
+    code, _, err = run(capsys, "quantize", tiny_model, "--calib", images, "--method", "klx", "-o", tmp_path / "q.nfir")
+    one_line_error(code, err, "invalid choice: 'klx'")
+
+
+def test_corrupt_calibration_image_is_skipped(capsys, tiny_model, images, tmp_path):
+    folder = tmp_path / "calib"
+    shutil.copytree(images, folder)
+    (folder / "a" / "9.png").write_bytes(b"not an image")
+    code, stdout, _ = run(capsys, "quantize", tiny_model, "--calib", folder, "--num-calib", 7,
+                          "-o", tmp_path / "q.nfir", "--json")
+    assert code == 0
+    summary = json.loads(stdout)
+    assert summary["skipped_images"] == 1 and summary["calibration_images"] == 6
+
+
+@pytest.mark.slow
+def test_efficientnet_lite0_per_channel_accuracy_cost(imagenet_sample, capsys, tmp_path):
+    """The issue's protocol: calibrate on the first 100 images (file order), evaluate on the other 400."""
+    out = tmp_path / "l0q.nfir"
+    code, _, _ = run(capsys, "quantize", "efficientnet_lite0", "--calib", imagenet_sample, "--num-calib", 100,
+                     "-o", out, "-q")
+    assert code == 0
+    results = {}
+    for model in ("efficientnet_lite0", out):
+        code, stdout, _ = run(capsys, "eval", model, "--data", imagenet_sample, "--skip", 100, "--json")
+        assert code == 0
+        results[str(model)] = json.loads(stdout)
+    fp32, int8 = results["efficientnet_lite0"], results[str(out)]
+    print(f"\nEfficientNet-Lite0 on 400 images: FP32 top-1 {fp32['top1']:.2f}%, int8 per-channel "
+          f"(minmax, fake-quant) {int8['top1']:.2f}%")
+    assert fp32["images"] == int8["images"] == 400
+    assert fp32["top1"] - int8["top1"] <= 0.5
