@@ -133,6 +133,11 @@ def cmd_eval(args) -> int:
         graph = resolve_model(args.model, args.preprocess, log=stderr_log)
         forward = forward_of(graph, args.engine)
     dataset = ImageDataset(args.data, args.class_table, limit=args.limit, skip=args.skip)
+    if args.engine == "ort" and "quantization" in graph.metadata and not args.json:
+        from .workflow import ORT_VNNI_NOTE, cpu_lacks_vnni
+
+        if cpu_lacks_vnni() and not graph.metadata["quantization"]["config"].get("reduce_range"):
+            stderr_log(ORT_VNNI_NOTE)
     result = evaluate_logits(forward, dataset, transform_of(graph.metadata["preprocess"]),
                              batch_size=args.batch_size, progress=not (args.quiet or args.json), name=args.model)
     out = result.to_dict()
@@ -214,12 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("demo", help="the main job: EfficientNet-Lite0 end to end on sample photos",
-                       description="Export EfficientNet-Lite0 with its pretrained ImageNet weights, import it, "
-                                   "check it, and compare npuforge's float run with PyTorch and ONNX Runtime "
-                                   "on real photos. Needs no arguments.")
-    p.add_argument("--data", metavar="DIR", help="a folder of images to classify instead of the built-in photos")
-    p.add_argument("--limit", type=int, default=64, help="at most this many images from --data (default 64)")
+    p = sub.add_parser("demo", help="the main job: quantize EfficientNet-Lite0 and compare FP32 with INT8",
+                       description="EfficientNet-Lite0 with its pretrained ImageNet weights: import, optimize, "
+                                   "calibrate and quantize to int8, then FP32 and INT8 predictions side by side on "
+                                   "the photos scikit-image ships. Needs no arguments. With --data DIR: calibrate "
+                                   "on the first --num-calib images and print top-1 on the rest.")
+    p.add_argument("--data", metavar="DIR", help="a labelled image folder (class subfolders or <wnid>_name files)")
+    p.add_argument("--num-calib", type=int, default=100, help="calibration images from --data (default 100)")
+    p.add_argument("--limit", type=int, help="evaluate at most this many of the remaining images")
     p.set_defaults(func=cmd_demo)
 
     # Subcommands that live beside the code they drive.

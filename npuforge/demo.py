@@ -1,13 +1,14 @@
 """The main job, with no arguments: EfficientNet-Lite0 with its pretrained
-ImageNet weights, from the zoo through ONNX into the npuforge IR, checked, and
-run on real photos by npuforge's float executor beside PyTorch and ONNX Runtime.
+ImageNet weights, from the zoo into the npuforge IR, optimized, calibrated and
+quantized to int8, then FP32 and INT8 predictions side by side on real photos
+(the ones scikit-image ships).
 
-With ``--data DIR`` it classifies that folder instead and prints top-1.
+With ``--data DIR`` it calibrates on the first --num-calib images of DIR and
+prints FP32 and INT8 top-1 on the rest.
 """
 
 from __future__ import annotations
 
-import tempfile
 import time
 from importlib import util
 from pathlib import Path
@@ -17,7 +18,8 @@ import numpy as np
 from .errors import NpuforgeError
 
 # Photographs that scikit-image ships inside its package (no download).
-SAMPLE_PHOTOS = ("chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png")
+SAMPLE_PHOTOS = ("chelsea.png", "coffee.png", "rocket.jpg", "astronaut.png", "motorcycle_left.png",
+                 "hubble_deep_field.jpg", "retina.jpg", "ihc.png", "brick.png", "grass.png", "gravel.png", "color.png")
 MODEL = "efficientnet_lite0"
 
 
@@ -32,80 +34,80 @@ def sample_photo_paths() -> list[Path]:
     return paths
 
 
-def _step(msg: str) -> float:
-    print(msg, flush=True)
-    return time.perf_counter()
-
-
 def run_demo(args) -> int:
-    import onnxruntime as ort
-    import torch
     from PIL import Image
 
-    from . import export_onnx, load
+    from . import quantize
     from .ir.summary import summarize
-    from .zoo import create_model, get_config
+    from .sim.fake_quant import run_fake_quant
+    from .workflow import ORT_VNNI_NOTE, cpu_lacks_vnni, forward_of, transform_of, zoo_graph
+    from .zoo import get_config
     from .zoo.data import ImageDataset, iter_batches
-    from .zoo.transforms import eval_transform
 
     config = get_config(MODEL)
-    t = _step(f"[1/4] {MODEL}: pretrained weights from {config.weight_source}")
-    model = create_model(MODEL, pretrained=True).eval()
-    transform = eval_transform(config)
+    t = time.perf_counter()
+    print(f"[1/4] {MODEL}: pretrained weights from {config.weight_source}", flush=True)
+    graph = zoo_graph(MODEL)
+    s = summarize(graph)
+    print(f"      imported: {s['nodes']} nodes, {s['parameters']:,} parameters, {s['macs'] / 1e6:.0f} M MACs "
+          f"per image ({time.perf_counter() - t:.1f} s)")
+    transform = transform_of(graph.metadata["preprocess"])
+
+    if args.data:
+        dataset = ImageDataset(args.data)
+        if len(dataset) <= args.num_calib:
+            raise NpuforgeError(f"--data {args.data}: holds {len(dataset)} images; it needs more than "
+                                f"--num-calib {args.num_calib} (calibration) to evaluate on the rest")
+        batches = list(iter_batches(dataset, transform, 25))
+        x = np.concatenate([b[0] for b in batches])
+        labels = np.concatenate([b[1] for b in batches])
+        calib, x_eval, y_eval = x[:args.num_calib], x[args.num_calib:], labels[args.num_calib:]
+        if args.limit:
+            x_eval, y_eval = x_eval[:args.limit], y_eval[:args.limit]
+        files = None
+    else:
+        paths = sample_photo_paths()
+        x_eval = np.stack([transform(Image.open(p)) for p in paths])
+        calib, y_eval, files = x_eval, None, [p.name for p in paths]
+
+    t = time.perf_counter()
+    print(f"[2/4] optimize, calibrate (minmax, {len(calib)} images) and quantize: per-channel int8 weights, "
+          f"uint8 activations", flush=True)
+    qgraph = quantize(graph, [calib[i:i + 25] for i in range(0, len(calib), 25)], log=lambda m: None)
+    meta = qgraph.metadata["quantization"]
+    print(f"      {meta['quantized_nodes']} nodes in int8, {len(meta['float_nodes'])} in float "
+          f"({time.perf_counter() - t:.1f} s)")
+
+    t = time.perf_counter()
+    print(f"[3/4] classify {len(x_eval)} images: FP32, INT8 (npuforge fake-quant), INT8 QDQ in ONNX Runtime",
+          flush=True)
+
+    def batched(fn):
+        return np.concatenate([fn(x_eval[i:i + 25]) for i in range(0, len(x_eval), 25)])
+
+    fp32 = batched(lambda b: graph.run({graph.inputs[0]: b})[graph.outputs[0]])
+    int8 = batched(lambda b: run_fake_quant(qgraph, {qgraph.inputs[0]: b})[qgraph.outputs[0]])
+    qdq = batched(forward_of(qgraph, "ort"))
+    print(f"      ({time.perf_counter() - t:.1f} s)")
+
+    print("[4/4] results")
     names = config.class_names
-
-    with tempfile.TemporaryDirectory() as tmp:
-        onnx_path = Path(tmp) / f"{MODEL}.onnx"
-        t = _step(f"[2/4] export to ONNX and import into the npuforge IR")
-        export_onnx(model, torch.zeros(1, *config.input_size), str(onnx_path), input_names=("input",),
-                    output_names=("logits",))
-        graph = load(onnx_path)
-        s = summarize(graph)
-        print(f"      {s['nodes']} nodes, {s['parameters']:,} parameters, {s['macs'] / 1e6:.0f} M MACs per image, "
-              f"checker: ok ({time.perf_counter() - t:.1f} s)")
-        session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-
-        if args.data:
-            dataset = ImageDataset(args.data, limit=args.limit)
-            batches = ((x, y, paths) for x, y, paths in iter_batches(dataset, transform, batch_size=16))
-            labelled = True
-        else:
-            paths = sample_photo_paths()
-            x = np.stack([transform(Image.open(p)) for p in paths])
-            batches = iter([(x, None, paths)])
-            labelled = False
-
-        t = _step(f"[3/4] classify with npuforge (float), PyTorch and ONNX Runtime")
-        ours_all, torch_all, ort_all, labels, files = [], [], [], [], []
-        for x, y, paths in batches:
-            ours_all.append(graph.run({"input": x})["logits"])
-            with torch.no_grad():
-                torch_all.append(model(torch.from_numpy(x)).numpy())
-            ort_all.append(session.run(None, {"input": x})[0])
-            files += [Path(p).name for p in paths]
-            if y is not None:
-                labels.append(y)
-        ours, ref_torch, ref_ort = (np.concatenate(a) for a in (ours_all, torch_all, ort_all))
-        elapsed = time.perf_counter() - t
-
-    t = _step(f"[4/4] results ({len(files)} images, {elapsed:.1f} s)")
-    if not labelled:
-        probs = np.exp(ours - ours.max(1, keepdims=True))
+    if files is not None:
+        probs = np.exp(int8 - int8.max(1, keepdims=True))
         probs /= probs.sum(1, keepdims=True)
         width = max(len(f) for f in files)
-        print(f"      {'image':<{width}}  npuforge top-1 (prob)               PyTorch  ORT")
+        print(f"      {'image':<{width}}  {'FP32 top-1':<24}  {'INT8 top-1 (prob)':<31}  same")
         for i, f in enumerate(files):
-            top = int(ours[i].argmax())
-            same_torch = "same" if int(ref_torch[i].argmax()) == top else "DIFF"
-            same_ort = "same" if int(ref_ort[i].argmax()) == top else "DIFF"
-            print(f"      {f:<{width}}  {names[top][:28]:<28} ({probs[i, top]:.2f})  {same_torch:<7}  {same_ort}")
+            a, b = int(fp32[i].argmax()), int(int8[i].argmax())
+            print(f"      {f:<{width}}  {names[a][:24]:<24}  {names[b][:24]:<24} ({probs[i, b]:.2f})  "
+                  f"{'yes' if a == b else 'NO'}")
     else:
-        truth = np.concatenate(labels)
-        for label, logits in (("npuforge", ours), ("PyTorch", ref_torch), ("ONNX Runtime", ref_ort)):
-            print(f"      top-1 {label:<13} {(logits.argmax(1) == truth).mean():.1%}")
-    agree = (ours.argmax(1) == ref_ort.argmax(1)).mean()
-    print(f"      top-1 agreement npuforge vs ONNX Runtime {agree:.1%}, vs PyTorch "
-          f"{(ours.argmax(1) == ref_torch.argmax(1)).mean():.1%}")
-    print(f"      max |logit difference| vs ONNX Runtime {np.abs(ours - ref_ort).max():.2e}, "
-          f"vs PyTorch {np.abs(ours - ref_torch).max():.2e} (max |logit| {np.abs(ref_ort).max():.1f})")
+        for label, logits in (("FP32", fp32), ("INT8 fake-quant", int8), ("INT8 QDQ in ORT", qdq)):
+            print(f"      top-1 {label:<16} {100 * (logits.argmax(1) == y_eval).mean():.1f}%")
+    agree = 100 * (fp32.argmax(1) == int8.argmax(1)).mean()
+    cos = (fp32 * int8).sum(1) / (np.linalg.norm(fp32, axis=1) * np.linalg.norm(int8, axis=1))
+    print(f"      INT8 vs FP32: top-1 agreement {agree:.1f}%, mean logit cosine {cos.mean():.4f}; "
+          f"ONNX Runtime QDQ vs fake-quant top-1 agreement {100 * (qdq.argmax(1) == int8.argmax(1)).mean():.1f}%")
+    if cpu_lacks_vnni():
+        print(f"      {ORT_VNNI_NOTE}")
     return 0

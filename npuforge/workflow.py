@@ -114,5 +114,24 @@ def forward_of(graph, engine: str = "npuforge", onnx_path: Path | None = None):
     return lambda x: session.run([out], {in_name: x})[0]
 
 
+def cpu_lacks_vnni() -> bool:
+    """True on an x86 CPU without VNNI, where ONNX Runtime's u8s8 int8 kernels add
+    products in int16 pairs (vpmaddubsw) that saturate for full-range int8 weights."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "vnni" not in flags
+
+
+ORT_VNNI_NOTE = ("note: this CPU has no VNNI, so ONNX Runtime's int8 kernels saturate 16-bit pair sums with "
+                 "full-range int8 weights and drift from the QDQ model's exact numbers; quantize with "
+                 "--reduce-range (7-bit weights) for ONNX Runtime on such CPUs")
+
+
 def stderr_log(message: str) -> None:
     print(message, file=sys.stderr)
