@@ -13,7 +13,6 @@ import io
 import sys
 from pathlib import Path
 
-import numpy as np
 
 from .errors import NpuforgeError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 import npuforge
 

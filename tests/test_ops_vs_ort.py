@@ -4,7 +4,6 @@ Tolerance: max abs difference <= 1e-5 x max(1, max |ORT output|).
 Cases come from a seeded generator so failures reproduce.
 """
 
-import itertools
 
 import numpy as np
 import pytest

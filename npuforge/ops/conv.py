@@ -4,7 +4,6 @@ auto_pad is resolved into explicit ``pads`` at import, so the IR always states
 its padding; asymmetric pads are applied with an explicit zero pad.
 """
 
-import torch
 import torch.nn.functional as F
 
 from .activation import FUSED_ATTRS, apply_fused, check_fused, onnx_with_fused
@@ -51,6 +50,16 @@ def _spatial_defaults(node, nsp: int, kernel) -> None:
         fail(node, f"kernel_shape {a['kernel_shape']} disagrees with the weight's {list(kernel)}")
 
 
+def _import_spatial(ctx, node):
+    """Shared start of Conv / ConvTranspose import: -> (input info, weight info, spatial dims, auto_pad)."""
+    x, w = ctx.info(node.inputs[0]), ctx.info(node.inputs[1])
+    _check_rank(node, x, w)
+    nsp = len(w.shape) - 2
+    auto_pad = pop_auto_pad(node)
+    _spatial_defaults(node, nsp, static_dims(node, w.shape[2:], "weight"))
+    return x, w, nsp, auto_pad
+
+
 def _check_rank(node, x, w):
     if len(x.shape) not in (3, 4, 5):
         unsupported(node, f"input rank {len(x.shape)}: only 1-3 spatial dims are supported")
@@ -69,11 +78,7 @@ class Conv(Op):
                "optional fused activation")
 
     def from_onnx(self, ctx, node):
-        x, w = ctx.info(node.inputs[0]), ctx.info(node.inputs[1])
-        _check_rank(node, x, w)
-        nsp = len(w.shape) - 2
-        auto_pad = pop_auto_pad(node)
-        _spatial_defaults(node, nsp, static_dims(node, w.shape[2:], "weight"))
+        x, w, nsp, auto_pad = _import_spatial(ctx, node)
         a = node.attrs
         if auto_pad == "VALID":
             a["pads"] = [0] * (2 * nsp)
@@ -143,11 +148,7 @@ class ConvTranspose(Op):
     summary = "N-d transposed convolution; output_shape and auto_pad resolved to explicit pads at import"
 
     def from_onnx(self, ctx, node):
-        x, w = ctx.info(node.inputs[0]), ctx.info(node.inputs[1])
-        _check_rank(node, x, w)
-        nsp = len(w.shape) - 2
-        auto_pad = pop_auto_pad(node)
-        _spatial_defaults(node, nsp, static_dims(node, w.shape[2:], "weight"))
+        x, w, nsp, auto_pad = _import_spatial(ctx, node)
         a = node.attrs
         a["output_padding"] = list(a["output_padding"] or [0] * nsp)
         if len(a["output_padding"]) != nsp:

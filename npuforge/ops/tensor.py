@@ -33,7 +33,7 @@ class Identity(Structural):
 
 
 @register
-class Dropout(Structural):
+class Dropout(Identity):
     name = "Dropout"
     inputs = (1, 3)
     outputs = (1, 2)
@@ -49,15 +49,6 @@ class Dropout(Structural):
             if mode is None or bool(np.asarray(mode).reshape(-1)[0]):
                 unsupported(node, "training_mode must be a constant false")
         node.inputs, node.outputs = node.inputs[:1], node.outputs[:1]
-
-    def infer(self, node, ins):
-        return [TensorInfo(ins[0].dtype, ins[0].shape)]
-
-    def np_forward(self, node, values, outs):
-        return [values[0]]
-
-    def forward(self, node, xs):
-        return [xs[0]]
 
 
 @register

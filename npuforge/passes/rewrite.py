@@ -13,7 +13,7 @@ import copy
 import numpy as np
 
 from ..ir.graph import Graph, Node
-from ..ir.infer import graph_infos, infer_node, input_infos
+from ..ir.infer import infer_node, infer_shapes
 
 
 def copy_graph(graph: Graph) -> Graph:
@@ -179,12 +179,7 @@ def prune(graph: Graph) -> int:
 
 def refresh_shapes(graph: Graph) -> None:
     """Recompute every node output's recorded dtype and shape (after a rewrite)."""
-    infos = graph_infos(graph)
-    for node in graph.nodes:
-        for name, info in zip(node.outputs, infer_node(node, input_infos(node, infos))):
-            infos[name] = info
-            value = graph.values[name]
-            value.dtype, value.shape = info.dtype, tuple(info.shape)
+    infer_shapes(graph)
 
 
 def infer_outputs(graph: Graph, node: Node) -> list:

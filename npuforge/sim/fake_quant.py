@@ -4,7 +4,6 @@ produced, and every quantized constant (weights, int32 bias) likewise."""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .float_exec import execute
