@@ -1,0 +1,580 @@
+"""The integer simulator: what an int8 NPU computes, bit for bit.
+
+It runs a quantized IR with integer tensors (the codes of int8 / uint8 / int16
+values), int32 accumulators, the requantization multipliers and shifts the
+quantizer stored, saturation, table lookups, integer average pooling with
+rounded division, integer add / mul with rescaling, and concatenation of
+values that share parameters. It reads only the integers stored on the nodes
+(``Node.quant``: weight, bias, multiplier, shift, lut, input{k}) and the zero
+points / dtypes of the values' ``QParams`` -- it never re-derives them from
+float scales, except in the ``onnx`` rounding mode, which by definition uses
+the float scales as the ONNX QLinear operators do.
+
+Rounding modes
+--------------
+``fixedpoint`` (the NPU default): gemmlowp / TFLite requantization,
+    ``SaturatingRoundingDoublingHighMul`` then ``RoundingDivideByPOT``
+    (:func:`npuforge.sim.int_ops.requantize_fixedpoint`).
+``onnx``: ``saturate(round_half_even(float32(acc) * scale) + zero_point)`` with
+    the float32 scale computed as ONNX Runtime computes it (e.g.
+    ``(s_x * s_w) / s_y`` for QLinearConv), and each op's ONNX Runtime formula
+    (QLinearAdd, QLinearMul, QLinearAveragePool, QLinearGlobalAveragePool,
+    tables rebuilt from the float scales for the lookup ops).
+
+Per kind, in ``fixedpoint`` mode (R(v; M, s) is the requantization above;
+``x' = x - zp_x``):
+
+* compute (Conv, ConvTranspose, Gemm, MatMul with constant weight):
+  ``acc = bias + sum w * x'`` (int32), ``y = clamp(zp_y + R(acc; M_c, s_c), lo, hi)``;
+  a fused Relu / Clip only tightens the saturation bounds lo, hi in the
+  output's integer domain (Relu: lo = zp_y; Clip(a, b): lo, hi = zp_y +
+  round(a / s_y), zp_y + round(b / s_y) -- these two bounds are derived from
+  the float attribute and scale: the quantizer stores no integers for them).
+  A fused LeakyRelu(alpha) requantizes negative accumulators with a second
+  multiplier, ``quantize_multiplier(alpha * m)`` (also derived; see the docs).
+* matmul (two activations): ``acc = sum a' * b'``, requantized likewise.
+* Add / Sub: each operand rescaled to the output with L extra fractional bits,
+  ``t_i = R(x_i' * 2^L; M_i, s_i)``, ``y = zp_y + RoundingDivideByPOT(t_0 +- t_1, L)``,
+  with L = min(20, the most that keeps every shifted operand below 2^30) -- a
+  pure function of the stored shifts and the operands' zero points and dtypes.
+* Mul: ``y = zp_y + R(a' * b'; M, s)``.
+* AveragePool / GlobalAveragePool / ReduceMean: window sums of x' (int32),
+  ``t = R(sum * 2^L; M, s)`` (M, s encode s_x / s_y), then
+  ``y = zp_y + round_half_away(t / (count * 2^L))`` -- one rounded division by
+  the window's element count (ONNX's count_include_pad rule), L as above.
+* lut: ``y = lut[x - qmin]``.
+* passthrough / concat: the op moves codes; parameters are shared.
+
+Graph inputs given as float arrays are quantized with the input value's
+parameters (``round_half_even(x / s) + zp``, saturated); integer arrays of the
+input's quantized dtype are taken as codes. Outputs are dequantized to float32
+(``(q - zp) * s``) unless ``dequantize=False``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import NpuforgeError, UnsupportedError
+from ..ops.registry import get_op
+from .float_exec import check_feeds
+from .int_ops import (NP_INT, TORCH_INT, conv_int64, exact_float_dtype, max_abs_code, requantize_fixedpoint,
+                      requantize_onnx, rounding_divide, rounding_divide_by_pot)
+
+ROUNDING_MODES = ("fixedpoint", "onnx")
+ACCUMULATE = ("auto", "int64")  # auto: float kernels where proven exact, else int64
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+_EXTRA_BITS = 20  # fractional bits kept by Add/Sub and pooling before their final rounding
+
+
+def _f32(x) -> np.ndarray:
+    return np.asarray(x, np.float32)
+
+
+def _channel_shape(arr: np.ndarray, ndim: int, axis: int) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(arr).astype(np.int64) if arr.dtype.kind in "iu" else arr)
+    if t.numel() == 1:
+        return t.reshape(())
+    shape = [1] * ndim
+    shape[axis] = -1
+    return t.reshape(shape)
+
+
+def _extra_bits(max_abs: int, shifts) -> int:
+    """Fractional bits L such that max_abs * 2^L * 2^max(shift, 0) < 2^30 (at most 20)."""
+    left = int(max(0, int(np.max(shifts)))) if np.size(shifts) else 0
+    need = int(max_abs).bit_length() + left
+    return max(0, min(_EXTRA_BITS, 30 - need))
+
+
+def quantize_input(x: np.ndarray, p) -> np.ndarray:
+    """Float -> codes with the value's parameters (round half to even, saturate), as QuantizeLinear."""
+    return p.quantize(np.asarray(x, np.float32))
+
+
+def dequantize_output(q: np.ndarray, p) -> np.ndarray:
+    """Codes -> float32 ``(q - zp) * s``, as DequantizeLinear."""
+    return p.dequantize(q)
+
+
+class IntegerSimulator:
+    """``IntegerSimulator(graph, rounding="fixedpoint").run(feeds)`` -> {output: float32 array}.
+
+    ``accumulate="auto"`` runs integer convolutions and matrix products on float
+    kernels where :func:`~npuforge.sim.int_ops.exact_float_dtype` proves them
+    exact, in int64 otherwise; ``"int64"`` forces plain int64 everywhere (slow;
+    a cross-check). Per-node constants are prepared once and reused across runs.
+    """
+
+    def __init__(self, graph, rounding: str = "fixedpoint", accumulate: str = "auto"):
+        if rounding not in ROUNDING_MODES:
+            raise NpuforgeError(f"rounding mode '{rounding}' is not one of {', '.join(ROUNDING_MODES)}")
+        if accumulate not in ACCUMULATE:
+            raise NpuforgeError(f"accumulate '{accumulate}' is not one of {', '.join(ACCUMULATE)}")
+        if not any(v.quant is not None for v in graph.values.values()):
+            raise NpuforgeError(f"graph '{graph.name}' is not quantized; quantize it first (npuforge quantize)")
+        self.graph = graph
+        self.rounding = rounding
+        self.accumulate = accumulate
+        self._prep: dict[str, dict] = {}
+        self.kernels: dict[str, str] = {}  # node -> "float32" / "float64" / "int64" (for reports and tests)
+
+    # -- helpers ---------------------------------------------------------------------
+    def _q(self, name):
+        return self.graph.values[name].quant
+
+    def _int(self, node, role) -> np.ndarray:
+        return np.asarray(self.graph.values[node.quant[role]].data)
+
+    def _kind(self, node) -> str | None:
+        kind = get_op(node.op).quant_kind(node, self.graph)
+        out = self.graph.values[node.outputs[0]] if node.outputs and node.outputs[0] else None
+        if out is None or out.quant is None:
+            return None
+        if kind in ("compute", "matmul", "elementwise", "pool", "lut") and not node.quant:
+            return None
+        return kind
+
+    # -- run -----------------------------------------------------------------------------
+    def run(self, feeds: dict, outputs: list[str] | None = None, dequantize: bool = True) -> dict:
+        graph = self.graph
+        wanted = list(outputs or graph.outputs)
+        for name in wanted:
+            if name not in graph.values:
+                raise NpuforgeError(f"'{name}' is not a value of the graph")
+        env: dict[str, torch.Tensor] = {}
+        float_feeds, code_feeds = {}, {}
+        for name, arr in feeds.items():
+            p = graph.values[name].quant if name in graph.values else None
+            arr = np.asarray(arr)
+            if p is not None and arr.dtype == NP_INT[p.dtype]:
+                code_feeds[name] = arr
+            else:
+                float_feeds[name] = arr
+        checked = check_feeds(graph, {**float_feeds, **{n: np.zeros(a.shape, np.float32)
+                                                         for n, a in code_feeds.items()}})
+        for name in graph.inputs:
+            p = self._q(name)
+            if name in code_feeds:
+                env[name] = torch.from_numpy(np.ascontiguousarray(code_feeds[name]))
+            elif p is not None:
+                env[name] = torch.from_numpy(quantize_input(checked[name].numpy(), p))
+            else:
+                env[name] = checked[name]
+        last_use = {}
+        for index, node in enumerate(graph.nodes):
+            for name in node.inputs:
+                last_use[name] = index
+        keep = set(wanted)
+        with torch.no_grad():
+            for index, node in enumerate(graph.nodes):
+                try:
+                    ys = self._node(node, env)
+                except (RuntimeError, ValueError, IndexError) as e:
+                    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    raise NpuforgeError(f"node '{node.name}' ({node.op}) failed in the integer simulator: "
+                                        f"{first}") from None
+                for name, y in zip(node.outputs, ys):
+                    if name:
+                        env[name] = y
+                for name in set(node.inputs):
+                    if name and last_use.get(name) == index and name not in keep and name in env:
+                        del env[name]
+        result = {}
+        for name in wanted:
+            t = self._get(name, env)
+            p = self._q(name)
+            if p is not None and not t.dtype.is_floating_point and dequantize:
+                result[name] = dequantize_output(t.numpy(), p)
+            else:
+                result[name] = t.numpy()
+        return result
+
+    def _get(self, name: str, env) -> torch.Tensor:
+        if name in env:
+            return env[name]
+        v = self.graph.values[name]
+        if v.is_const:
+            if v.quant is not None and not np.issubdtype(np.asarray(v.data).dtype, np.integer):
+                return torch.from_numpy(v.quant.quantize(v.data))
+            return torch.from_numpy(np.array(v.data))
+        raise NpuforgeError(f"value '{name}' is not computed yet")
+
+    def _as_codes(self, name: str, env) -> torch.Tensor:
+        """An operand as integer codes (a float tensor with parameters is quantized: a float -> int boundary)."""
+        t = self._get(name, env)
+        if t.dtype.is_floating_point:
+            p = self._q(name)
+            if p is None:
+                raise NpuforgeError(f"value '{name}' is float and has no quantization parameters")
+            return torch.from_numpy(p.quantize(t.numpy()))
+        return t
+
+    def _as_float(self, name: str, env):
+        if not name:
+            return None
+        t = self._get(name, env)
+        p = self._q(name)
+        v = self.graph.values[name]
+        if p is not None and not t.dtype.is_floating_point and not v.is_const:
+            return torch.from_numpy(p.dequantize(t.numpy()))
+        if v.is_const:
+            return torch.from_numpy(np.array(v.data))
+        return t
+
+    def _node(self, node, env) -> list:
+        kind = self._kind(node)
+        if kind is None or (kind in ("passthrough", "concat") and
+                            (self._q(node.inputs[0]) is None or self._get(node.inputs[0], env).dtype.is_floating_point)):
+            # kept in float (or shape arithmetic): float inputs, float outputs; a float output
+            # with parameters is quantized where it is produced
+            ys = get_op(node.op).forward(node, [self._as_float(i, env) for i in node.inputs])
+            return [torch.from_numpy(self._q(o).quantize(y.numpy())) if self._q(o) is not None and
+                    y.dtype.is_floating_point else y for o, y in zip(node.outputs, ys)]
+        return getattr(self, f"_{kind}")(node, env)
+
+    def _store(self, y64: torch.Tensor, p, lo=None, hi=None) -> torch.Tensor:
+        lo = p.qmin if lo is None else lo
+        hi = p.qmax if hi is None else hi
+        return y64.clamp(lo, hi).to(TORCH_INT[p.dtype])
+
+    # -- compute ---------------------------------------------------------------------------
+    def _act_bounds(self, node, p) -> tuple[int, int]:
+        act = node.attrs.get("activation", "")
+        lo, hi = p.qmin, p.qmax
+        if act in ("", "LeakyRelu"):
+            return lo, hi
+        if p.per_channel:
+            raise UnsupportedError(f"node '{node.name}': fused {act} on a per-channel quantized output")
+        zp = int(p.zero_point)
+        if act == "Relu":
+            return max(lo, zp), hi
+        a, b = node.attrs["activation_params"]
+        s = np.float32(p.scale)
+        qa = zp + int(np.rint(np.float32(a) / s))
+        qb = zp + int(np.rint(np.float32(b) / s))
+        return max(lo, min(hi, qa)), min(hi, max(lo, qb))
+
+    def _prep_compute(self, node) -> dict:
+        if node.name in self._prep:
+            return self._prep[node.name]
+        g = self.graph
+        op = node.op
+        xq = self._q(node.inputs[0])
+        yq = self._q(node.outputs[0])
+        w = self._int(node, "weight").astype(np.int64)
+        bias = self._int(node, "bias").astype(np.int64) if "bias" in node.quant else None
+        if op in ("Conv", "ConvTranspose"):
+            out_axis = 1
+            if op == "Conv":
+                rows = np.abs(w).reshape(w.shape[0], -1).sum(axis=1)  # per output channel
+            else:  # weight [Cin, Cout/g, *K]: an output reads at most every tap of its channel
+                grp = node.attrs["group"]
+                cin = w.shape[0]
+                wg = np.abs(w).reshape(grp, cin // grp, w.shape[1], -1)
+                rows = wg.sum(axis=(1, 3)).reshape(-1)
+        else:  # Gemm / MatMul, weight [K, N] (or [N, K] with transB)
+            out_axis = 1 if op == "Gemm" else -1
+            wt = w.T if (op == "Gemm" and node.attrs["transB"]) else w
+            rows = np.abs(wt).sum(axis=0)
+        b_abs = int(np.abs(bias).max()) if bias is not None and bias.size else 0
+        bound = int(rows.max()) * max_abs_code(xq) if rows.size else 0
+        # the bias joins the float sum only when the bound still holds with it; else it is
+        # added to the exact accumulator in int64 afterwards
+        fold_bias = bias is not None and exact_float_dtype(bound + b_abs) == exact_float_dtype(bound)
+        ftype = exact_float_dtype(bound + b_abs if fold_bias else bound) if self.accumulate == "auto" else None
+        prep = {"w": w, "bias": bias, "out_axis": out_axis, "ftype": ftype, "bound": bound,
+                "fold_bias": fold_bias}
+        if ftype is not None:
+            prep["wf"] = torch.from_numpy(w).to(ftype)
+            if op == "Gemm" and node.attrs["transB"]:
+                prep["wf"] = prep["wf"].t().contiguous()
+            prep["bf"] = torch.from_numpy(bias).to(ftype) if fold_bias else None
+            if bias is not None and not fold_bias:
+                shape = [1] * (len(w.shape) if op in ("Conv", "ConvTranspose") else 1)
+                shape[0 if len(shape) == 1 else 1] = -1
+                prep["bias64"] = torch.from_numpy(bias).reshape(shape)
+        self.kernels[node.name] = str(ftype).replace("torch.", "") if ftype is not None else "int64"
+        # requantization constants
+        if self.rounding == "fixedpoint":
+            prep["M"] = self._int(node, "multiplier").astype(np.int64)
+            prep["S"] = self._int(node, "shift").astype(np.int64)
+            if node.attrs.get("activation") == "LeakyRelu":
+                from ..quant.requant import multiplier_value, quantize_multiplier
+
+                alpha = node.attrs["activation_params"][0]
+                mn, sn = quantize_multiplier(alpha * multiplier_value(prep["M"], prep["S"]))
+                prep["Mneg"], prep["Sneg"] = mn.astype(np.int64), sn.astype(np.int64)
+        else:
+            ws = g.values[node.inputs[1]].quant.scale
+            prep["scale"] = (_f32(xq.scale) * _f32(ws)).astype(np.float32) / _f32(yq.scale)
+            if node.attrs.get("activation") == "LeakyRelu":
+                prep["scale_neg"] = (prep["scale"] * np.float32(node.attrs["activation_params"][0])).astype(np.float32)
+        prep["bounds"] = self._act_bounds(node, yq)
+        self._prep[node.name] = prep
+        return prep
+
+    def _accumulate_compute(self, node, prep, x: torch.Tensor) -> torch.Tensor:
+        """int64 accumulator (bias included) of a compute node for input codes x."""
+        xq = self._q(node.inputs[0])
+        op, a = node.op, node.attrs
+        ftype = prep["ftype"]
+        zp = torch.from_numpy(xq._broadcast(xq.zero_point.astype(np.int64), x.dim()))
+        if ftype is None:
+            xs = (x.to(torch.int64) - zp).numpy()
+            if op == "Conv":
+                acc = conv_int64(xs, prep["w"], a["strides"], a["pads"], a["dilations"], a["group"])
+                if prep["bias"] is not None:
+                    acc = acc + prep["bias"].reshape(1, -1, *([1] * (xs.ndim - 2)))
+            elif op == "ConvTranspose":
+                raise UnsupportedError(f"node '{node.name}': ConvTranspose accumulators need more than float64 "
+                                       f"(bound {prep['bound']}); no int64 kernel for it")
+            else:
+                w = prep["w"].T if (op == "Gemm" and a["transB"]) else prep["w"]
+                acc = np.matmul(xs, w)
+                if prep["bias"] is not None:
+                    acc = acc + prep["bias"]
+            return torch.from_numpy(np.ascontiguousarray(acc))
+        xf = x.to(ftype) - zp.to(ftype)
+        if op == "Conv":
+            nsp = xf.dim() - 2
+            pads = a["pads"]
+            if pads[:nsp] == pads[nsp:]:
+                padding = pads[:nsp]
+            else:
+                from ..ops.conv import torch_pad_arg
+
+                xf = F.pad(xf, torch_pad_arg(pads))
+                padding = [0] * nsp
+            acc = _CONV[nsp](xf, prep["wf"], prep["bf"], a["strides"], padding, a["dilations"], a["group"])
+        elif op == "ConvTranspose":
+            ys = get_op("ConvTranspose").forward(node, [xf, prep["wf"], prep["bf"]])
+            acc = ys[0]
+        else:
+            acc = torch.matmul(xf, prep["wf"])
+            if prep["bf"] is not None:
+                acc = acc + prep["bf"]
+        acc = acc.to(torch.int64)
+        if "bias64" in prep:
+            acc += prep["bias64"]
+        return acc
+
+    def _requant(self, node, acc: torch.Tensor, prep: dict, axis: int) -> torch.Tensor:
+        if self.rounding == "fixedpoint":
+            M = _channel_shape(prep["M"], acc.dim(), axis)
+            S = _channel_shape(prep["S"], acc.dim(), axis)
+            y = requantize_fixedpoint(acc, M, S)
+            if "Mneg" in prep:
+                yn = requantize_fixedpoint(acc, _channel_shape(prep["Mneg"], acc.dim(), axis),
+                                           _channel_shape(prep["Sneg"], acc.dim(), axis))
+                y = torch.where(acc < 0, yn, y)
+            return y
+        scale = np.asarray(prep["scale"], np.float32)
+        if scale.size > 1:
+            shape = [1] * acc.dim()
+            shape[axis] = -1
+            scale = scale.reshape(shape)
+        y = requantize_onnx(acc, scale)
+        if "scale_neg" in prep:
+            sn = np.asarray(prep["scale_neg"], np.float32).reshape(scale.shape)
+            y = torch.where(acc < 0, requantize_onnx(acc, sn), y)
+        return y
+
+    def _compute(self, node, env) -> list:
+        prep = self._prep_compute(node)
+        x = self._as_codes(node.inputs[0], env)
+        acc = self._accumulate_compute(node, prep, x)
+        axis = prep["out_axis"] % acc.dim()
+        y = self._requant(node, acc, prep, axis)
+        yq = self._q(node.outputs[0])
+        zp = torch.from_numpy(yq._broadcast(yq.zero_point.astype(np.int64), y.dim()))
+        lo, hi = prep["bounds"]
+        return [self._store(y + zp, yq, lo, hi)]
+
+    # -- matmul (two activations) ---------------------------------------------------------
+    def _matmul(self, node, env) -> list:
+        aq, bq, yq = self._q(node.inputs[0]), self._q(node.inputs[1]), self._q(node.outputs[0])
+        a = self._as_codes(node.inputs[0], env).to(torch.int64) - int(aq.zero_point)
+        b = self._as_codes(node.inputs[1], env).to(torch.int64) - int(bq.zero_point)
+        k = a.shape[-1]
+        bound = k * max_abs_code(aq) * max_abs_code(bq)
+        ftype = exact_float_dtype(bound) if self.accumulate == "auto" else None
+        acc = torch.matmul(a.to(ftype), b.to(ftype)).to(torch.int64) if ftype is not None else \
+            torch.from_numpy(np.matmul(a.numpy(), b.numpy()))
+        if self.rounding == "fixedpoint":
+            y = requantize_fixedpoint(acc, int(self._int(node, "multiplier")[0]), int(self._int(node, "shift")[0]))
+        else:
+            scale = (_f32(aq.scale) * _f32(bq.scale)).astype(np.float32) / _f32(yq.scale)
+            y = requantize_onnx(acc, scale)
+        return [self._store(y + int(yq.zero_point), yq)]
+
+    # -- elementwise ---------------------------------------------------------------------------
+    def _operand(self, node, k, env) -> torch.Tensor:
+        role = f"input{k}"
+        if role in node.quant:
+            return torch.from_numpy(self._int(node, role).astype(np.int64))
+        return self._as_codes(node.inputs[k], env).to(torch.int64)
+
+    def _elementwise(self, node, env) -> list:
+        qs = [self._q(i) for i in node.inputs[:2]]
+        yq = self._q(node.outputs[0])
+        xs = [self._operand(node, k, env) - int(qs[k].zero_point) for k in range(2)]
+        zy = int(yq.zero_point)
+        if self.rounding == "onnx":
+            return [self._store(self._elementwise_onnx(node, xs, qs, yq), yq)]
+        if node.op == "Mul":
+            y = requantize_fixedpoint(xs[0] * xs[1], int(self._int(node, "multiplier")[0]),
+                                      int(self._int(node, "shift")[0]))
+            return [self._store(y + zy, yq)]
+        if node.op not in ("Add", "Sub"):
+            raise UnsupportedError(f"node '{node.name}': no integer rule for elementwise {node.op}")
+        shifts = [int(self._int(node, f"shift{k}")[0]) for k in range(2)]
+        bits = min(_extra_bits(max_abs_code(qs[k]), shifts[k]) for k in range(2))
+        ts = [requantize_fixedpoint(xs[k] << bits, int(self._int(node, f"multiplier{k}")[0]), shifts[k])
+              for k in range(2)]
+        total = ts[0] + ts[1] if node.op == "Add" else ts[0] - ts[1]
+        y = rounding_divide_by_pot(total, bits)
+        return [self._store(y + zy, yq)]
+
+    def _elementwise_onnx(self, node, xs, qs, yq) -> torch.Tensor:
+        """ONNX Runtime's QLinearAdd / QLinearMul arithmetic (com.microsoft), in float32."""
+        sa, sb, sy = _f32(qs[0].scale), _f32(qs[1].scale), _f32(yq.scale)
+        a, b = xs[0].to(torch.float32), xs[1].to(torch.float32)
+        if node.op == "Mul":
+            ratio = torch.tensor((sa * sb) / sy)
+            y = torch.round(a * b * ratio)
+        else:
+            ra, rb = torch.tensor(sa / sy), torch.tensor(sb / sy)
+            y = torch.round(a * ra + b * rb) if node.op == "Add" else torch.round(a * ra - b * rb)
+        return y.to(torch.int64) + int(yq.zero_point)
+
+    # -- pooling ---------------------------------------------------------------------------------
+    def _window_sums(self, node, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(sum of x' over each window, element count of each window), both int64."""
+        op = node.op
+        if op == "GlobalAveragePool":
+            dims = tuple(range(2, x.dim()))
+            count = int(np.prod([x.shape[d] for d in dims]))
+            return x.sum(dim=dims, keepdim=True), torch.tensor(count)
+        if op == "ReduceMean":
+            axes_name = node.inputs[1] if len(node.inputs) > 1 else ""
+            axes = [int(v) % x.dim() for v in np.asarray(self.graph.values[axes_name].data).reshape(-1)] \
+                if axes_name else []
+            if not axes:
+                if node.attrs["noop_with_empty_axes"]:
+                    return x, torch.tensor(1)
+                axes = list(range(x.dim()))
+            count = int(np.prod([x.shape[d] for d in axes]))
+            return x.sum(dim=axes, keepdim=bool(node.attrs["keepdims"])), torch.tensor(count)
+        from ..ops.conv import torch_pad_arg
+
+        pool = get_op("AveragePool")
+        a = node.attrs
+        nsp = x.dim() - 2
+        pads = pool.exact_pads(node, tuple(x.shape))
+        mask = torch.ones((1, 1, *x.shape[2:]), dtype=torch.float64)
+        if a["count_include_pad"]:
+            mask = F.pad(mask, torch_pad_arg(a["pads"]), value=1.0)
+            extra = [0] * nsp + [pads[nsp + i] - a["pads"][nsp + i] for i in range(nsp)]
+            mask = F.pad(mask, torch_pad_arg(extra))
+        else:
+            mask = F.pad(mask, torch_pad_arg(pads))
+        xf = F.pad(x.to(torch.float64), torch_pad_arg(pads))  # exact: window sums of int16 codes << 2^53
+        c = xf.shape[1]
+        ones = torch.ones((c, 1, *a["kernel_shape"]), dtype=torch.float64)
+        total = _CONV[nsp](xf, ones, None, a["strides"], 0, a["dilations"], c)
+        count = _CONV[nsp](mask, ones[:1], None, a["strides"], 0, a["dilations"], 1)
+        return total.to(torch.int64), count.to(torch.int64)
+
+    def _pool(self, node, env) -> list:
+        xq, yq = self._q(node.inputs[0]), self._q(node.outputs[0])
+        x = self._as_codes(node.inputs[0], env).to(torch.int64) - int(xq.zero_point)
+        total, count = self._window_sums(node, x)
+        zy = int(yq.zero_point)
+        if self.rounding == "onnx":
+            if node.op == "GlobalAveragePool" or node.op == "ReduceMean":
+                # MLAS QLinearGlobalAveragePool: float32(sum) * (s_x / (s_y * count)), half to even
+                n = np.float32(int(count))
+                scale = _f32(xq.scale) / (_f32(yq.scale) * n)
+                y = torch.round(total.to(torch.float32) * torch.tensor(scale)).to(torch.int64)
+            else:
+                # QLinearAveragePool: dequantize, average in float32, quantize
+                avg = (total.to(torch.float32) * torch.tensor(_f32(xq.scale))) / count.to(torch.float32)
+                y = torch.round(avg / torch.tensor(_f32(yq.scale))).to(torch.int64)
+            return [self._store(y + zy, yq)]
+        m, s = int(self._int(node, "multiplier")[0]), int(self._int(node, "shift")[0])
+        bits = _extra_bits(int(count.max()) * max_abs_code(xq), s)
+        t = requantize_fixedpoint(total << bits, m, s)
+        y = rounding_divide(t, count << bits)
+        return [self._store(y + zy, yq)]
+
+    # -- lut -------------------------------------------------------------------------------------
+    def _table(self, node) -> torch.Tensor:
+        key = f"{node.name}::table"
+        if key not in self._prep:
+            if self.rounding == "fixedpoint":
+                table = self._int(node, "lut").astype(np.int64)
+            else:  # rebuilt from the float scales: dequantize every code, the float op, quantize
+                xq, yq = self._q(node.inputs[0]), self._q(node.outputs[0])
+                codes = np.arange(xq.qmin, xq.qmax + 1)
+                xf = torch.from_numpy((codes - np.int64(xq.zero_point)).astype(np.float32) * _f32(xq.scale))
+                extra = [None if not i else torch.from_numpy(np.array(self.graph.values[i].data))
+                         for i in node.inputs[1:]]
+                yf = get_op(node.op).forward(node, [xf, *extra])[0].numpy()
+                table = yq.quantize(yf).astype(np.int64)
+            self._prep[key] = torch.from_numpy(table)
+        return self._prep[key]
+
+    def _lut(self, node, env) -> list:
+        xq, yq = self._q(node.inputs[0]), self._q(node.outputs[0])
+        x = self._as_codes(node.inputs[0], env).to(torch.int64)
+        y = self._table(node)[x - xq.qmin]
+        return [y.to(TORCH_INT[yq.dtype])]
+
+    # -- moving values ------------------------------------------------------------------------
+    def _passthrough(self, node, env) -> list:
+        x = self._as_codes(node.inputs[0], env)
+        xq = self._q(node.inputs[0])
+        rest = []
+        for k, name in enumerate(node.inputs[1:], 1):
+            if node.op == "Pad" and k == 2 and name:
+                v = self.graph.values[name]
+                value = float(np.asarray(v.data).reshape(-1)[0]) if v.is_const else 0.0
+                if xq.per_channel:
+                    raise UnsupportedError(f"node '{node.name}': Pad of a per-channel quantized value")
+                # the pad value in the integer domain (0.0 -> the zero point exactly)
+                code = int(np.clip(np.rint(np.float32(value) / np.float32(xq.scale)) + int(xq.zero_point),
+                                   xq.qmin, xq.qmax))
+                rest.append(torch.tensor([float(code)], dtype=torch.float32))
+            elif node.op == "Pad" and k == 2:
+                rest.append(torch.tensor([float(int(xq.zero_point))], dtype=torch.float32))
+            else:
+                rest.append(self._as_float(name, env))
+        if node.op == "Pad" and len(node.inputs) == 2:
+            rest.append(torch.tensor([float(int(xq.zero_point))], dtype=torch.float32))
+        if node.op == "Pad" and len(rest) > 2 and rest[2] is None:
+            rest[2] = torch.tensor([float(int(xq.zero_point))], dtype=torch.float32)
+        # codes of <= 16 bits are exact in float32; the op only moves or selects them
+        ys = get_op(node.op).forward(node, [x.to(torch.float32), *rest])
+        dtype = TORCH_INT[xq.dtype]
+        return [y.to(dtype) for y in ys]
+
+    def _concat(self, node, env) -> list:
+        yq = self._q(node.outputs[0])
+        xs = []
+        for name in node.inputs:
+            if not self._q(name).same_as(yq):
+                raise NpuforgeError(f"node '{node.name}': Concat input '{name}' does not share the output's "
+                                    f"quantization parameters")
+            xs.append(self._as_codes(name, env))
+        return [torch.cat(xs, dim=node.attrs["axis"])]
+
+
+def run_integer(graph, feeds: dict, outputs: list[str] | None = None, rounding: str = "fixedpoint",
+                dequantize: bool = True) -> dict:
+    """One run of the integer simulator (see :class:`IntegerSimulator`)."""
+    return IntegerSimulator(graph, rounding).run(feeds, outputs, dequantize)
