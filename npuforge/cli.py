@@ -74,7 +74,17 @@ def cmd_run(args) -> int:
     import numpy as np
 
     graph = _load(args.model)
-    results = graph.run(_parse_inputs(graph, args.input))
+    feeds = _parse_inputs(graph, args.input)
+    if args.mode == "float":
+        results = graph.run(feeds)
+    elif args.mode == "fake":
+        from .sim.fake_quant import run_fake_quant
+
+        results = run_fake_quant(graph, feeds)
+    else:
+        from .sim.integer import IntegerSimulator
+
+        results = IntegerSimulator(graph, args.rounding).run(feeds, dequantize=not args.codes)
     for name, arr in results.items():
         stats = f"min {arr.min():.6g} max {arr.max():.6g}" if arr.size and arr.dtype.kind in "fiu" else ""
         print(f"{name}: {arr.dtype}{list(arr.shape)} {stats}")
@@ -190,12 +200,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="an ONNX file or a saved npuforge IR")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("run", help="run a model in float on .npy inputs",
-                       description="Run a model with npuforge's float executor and save its outputs.")
+    p = sub.add_parser("run", help="run a model (float, fake-quant or integer) on .npy inputs",
+                       description="Run a model on .npy inputs and save its outputs. With --mode int a quantized "
+                                   "IR runs in the integer simulator: a float input is quantized with the "
+                                   "input value's parameters (an integer .npy of the input's quantized dtype is "
+                                   "taken as codes) and the outputs are dequantized to float32 (--codes keeps "
+                                   "them as integers).")
     p.add_argument("model", help="an ONNX file or a saved npuforge IR")
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                    help="an input tensor (repeat for several inputs; NAME= may be left out for a one-input model)")
     p.add_argument("--output", metavar="OUT.npz", help="write the outputs to this .npz file")
+    p.add_argument("--mode", choices=("int", "fake", "float"), default="float",
+                   help="int: the integer simulator (a quantized IR); fake: fake-quant (float kernels, values "
+                        "rounded to their grid); float: the float graph (default)")
+    p.add_argument("--rounding", choices=("fixedpoint", "onnx"), default="fixedpoint",
+                   help="integer requantization: fixedpoint (gemmlowp/TFLite, the NPU's; default) or onnx "
+                        "(float scales, round half to even, as ONNX QLinear ops)")
+    p.add_argument("--codes", action="store_true", help="with --mode int: write the outputs' integer codes")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("ops", help="list the supported ops (the op registry)",
@@ -210,7 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="a zoo name, an ONNX file (float or QDQ) or a saved IR (float or quantized)")
     p.add_argument("--data", required=True, metavar="DIR", help="images (class subfolders or <wnid>_name files)")
     p.add_argument("--class-table", metavar="TSV", help="class table for flat folders (index, wnid, name)")
-    p.add_argument("--engine", default="npuforge", choices=("npuforge", "ort"), help="who computes (default npuforge)")
+    p.add_argument("--engine", default="npuforge", choices=("npuforge", "ort", "int"),
+                   help="who computes (default npuforge); int: the integer simulator (fixed-point rounding; float "
+                        "images quantized with the input's parameters, logits dequantized to float)")
     p.add_argument("--skip", type=int, default=0, metavar="N", help="leave out the first N images (file order)")
     p.add_argument("--limit", type=int, metavar="N", help="evaluate at most N images")
     p.add_argument("--batch-size", type=int, default=25, help="batch size (default 25)")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .errors import NpuforgeError
 
-ENGINES = ("npuforge", "ort")
+ENGINES = ("npuforge", "ort", "int")
 
 
 def preprocess_of(config) -> dict:
@@ -93,6 +93,11 @@ def forward_of(graph, engine: str = "npuforge", onnx_path: Path | None = None):
 
     if engine not in ENGINES:
         raise NpuforgeError(f"--engine {engine}: choose one of {', '.join(ENGINES)}")
+    if engine == "int":  # the integer simulator (fixed-point rounding): float in, quantized, dequantized out
+        from .sim.integer import IntegerSimulator
+
+        sim = IntegerSimulator(graph, "fixedpoint")
+        return lambda x: sim.run({graph.inputs[0]: x})[graph.outputs[0]]
     if engine == "npuforge":
         name = graph.inputs[0]
         run = run_fake_quant if is_quantized(graph) else (lambda g, feeds: g.run(feeds))
