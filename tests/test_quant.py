@@ -247,3 +247,15 @@ def test_no_calibration_data():
     graph = npuforge.from_torch(torch.nn.Conv2d(3, 4, 3), torch.zeros(1, 3, 6, 6))
     with pytest.raises(NpuforgeError, match="calibration got no data"):
         npuforge.quantize(graph, [])
+
+
+def test_checker_validates_quantization_annotations(small):
+    _, graph, calib = small
+    q = npuforge.quantize(graph, calib)
+    conv = next(n for n in q.nodes if n.op == "Conv")
+    conv.quant["weight"] = "nowhere"
+    w = q.values[conv.inputs[1]]
+    w.quant = QParams("int8", np.ones(3, np.float32), np.zeros(3, np.int32), axis=0)
+    problems = q.problems()
+    assert any("quantization integer 'weight' names 'nowhere'" in p for p in problems)
+    assert any(f"value '{w.name}': per-channel parameters on axis 0 do not fit" in p for p in problems)

@@ -108,4 +108,27 @@ def find_problems(graph) -> list[str]:
                     f"node '{n.name}' ({n.op}): output '{name}' is recorded as {v.dtype}{format_shape(v.shape)} "
                     f"but the shape rule gives {info.dtype}{format_shape(info.shape)}"
                 )
+    problems += _quant_problems(graph)
+    return problems
+
+
+def _quant_problems(graph) -> list[str]:
+    """Quantization annotations: parameters that fit their value, integers that exist."""
+    problems = []
+    for v in graph.values.values():
+        p = v.quant
+        if p is None:
+            continue
+        if p.axis is not None and (v.shape is None or not 0 <= p.axis < len(v.shape)
+                                   or (isinstance(v.shape[p.axis], int) and p.scale.shape != (v.shape[p.axis],))):
+            problems.append(f"value '{v.name}': per-channel parameters on axis {p.axis} do not fit its shape "
+                            f"{format_shape(v.shape)}")
+        if not (p.zero_point >= p.qmin).all() or not (p.zero_point <= p.qmax).all() or not (p.scale > 0).all():
+            problems.append(f"value '{v.name}': zero point outside {p.dtype} or a non-positive scale")
+    for n in graph.nodes:
+        for role, name in n.quant.items():
+            v = graph.values.get(name)
+            if v is None or not v.is_const or v.dtype not in ("int8", "uint8", "int16", "int32"):
+                problems.append(f"node '{n.name}' ({n.op}): quantization integer '{role}' names '{name}', "
+                                f"which is not an integer constant")
     return problems
