@@ -1,0 +1,108 @@
+"""The integer simulator against ONNX Runtime on a quantized model, in one run.
+
+    .venv/bin/python benchmarks/sim_vs_ort.py QMODEL.nfir [--batch 25] [--batches 2] [--threads 2]
+    .venv/bin/python benchmarks/sim_vs_ort.py QMODEL.nfir --agreement DIR [--skip 100]
+
+Throughput (default): images/s of the integer simulator (fixedpoint and onnx
+rounding) and of an ONNX Runtime session of npuforge's QDQ export (ORT fuses it
+into its int8 kernels), same random batch, same thread count, one process,
+after one warm-up batch each; prints the table and the ratios.
+
+--agreement DIR: top-1 of the integer simulator (fixedpoint) and of fake-quant
+on the images of DIR (after --skip), and their top-1 agreement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import npuforge  # noqa: E402
+from npuforge.sim.integer import IntegerSimulator  # noqa: E402
+
+
+def throughput(fn, x, batches: int) -> float:
+    fn(x)  # warm-up (prepares the simulator's constants, ORT's kernels)
+    start = time.perf_counter()
+    for _ in range(batches):
+        fn(x)
+    return batches * len(x) / (time.perf_counter() - start)
+
+
+def bench(graph, batch: int, batches: int, threads: int) -> None:
+    import onnxruntime as ort
+
+    from npuforge.export import to_qdq_onnx
+
+    torch.set_num_threads(threads)
+    x = np.random.default_rng(0).standard_normal((batch, *graph.values[graph.inputs[0]].shape[1:])).astype(np.float32)
+    name = graph.inputs[0]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    session = ort.InferenceSession(to_qdq_onnx(graph).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    rows = []
+    ort_ips = throughput(lambda a: session.run(None, {name: a}), x, batches)
+    for mode in ("fixedpoint", "onnx"):
+        sim = IntegerSimulator(graph, mode)
+        rows.append((f"npuforge integer simulator ({mode})", throughput(lambda a: sim.run({name: a}), x, batches)))
+    rows.append(("ONNX Runtime, QDQ export (int8 kernels)", ort_ips))
+    print(f"{graph.name}: batch {batch}, {batches} timed batches, {threads} threads, torch {torch.__version__}, "
+          f"onnxruntime {ort.__version__}")
+    print(f"| engine | images/s | vs ONNX Runtime |\n|---|---:|---:|")
+    for label, ips in rows:
+        print(f"| {label} | {ips:.1f} | {ips / ort_ips:.2f}x |")
+
+
+def agreement(graph, data: str, skip: int, limit: int | None, batch: int, threads: int) -> None:
+    from npuforge.workflow import forward_of, transform_of
+    from npuforge.zoo.data import ImageDataset, iter_batches
+
+    torch.set_num_threads(threads)
+    dataset = ImageDataset(data, None, limit=limit, skip=skip)
+    engines = {"int": forward_of(graph, "int"), "fake": forward_of(graph, "npuforge")}
+    correct = {k: 0 for k in engines}
+    agree = seen = 0
+    start = time.perf_counter()
+    for x, y, _ in iter_batches(dataset, transform_of(graph.metadata["preprocess"]), batch, 2):
+        top = {k: np.asarray(f(x)).argmax(axis=1) for k, f in engines.items()}
+        for k in engines:
+            correct[k] += int((top[k] == y).sum())
+        agree += int((top["int"] == top["fake"]).sum())
+        seen += len(y)
+        print(f"\r{seen} images", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    print(f"{graph.name} on {seen} images of {data} (skip {skip}), {time.perf_counter() - start:.0f} s")
+    print(f"top-1 integer (fixedpoint) {100 * correct['int'] / seen:.2f}%, fake-quant {100 * correct['fake'] / seen:.2f}%, "
+          f"difference {100 * (correct['int'] - correct['fake']) / seen:+.2f} points; "
+          f"top-1 agreement {100 * agree / seen:.2f}% ({agree}/{seen})")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", help="a quantized IR (npuforge quantize ... -o MODEL.nfir)")
+    p.add_argument("--batch", type=int, default=25)
+    p.add_argument("--batches", type=int, default=2, help="timed batches per engine")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--agreement", metavar="DIR", help="instead: top-1 and agreement of int vs fake-quant on DIR")
+    p.add_argument("--skip", type=int, default=100)
+    p.add_argument("--limit", type=int)
+    args = p.parse_args()
+    graph = npuforge.load(args.model)
+    if args.agreement:
+        agreement(graph, args.agreement, args.skip, args.limit, args.batch, args.threads)
+    else:
+        bench(graph, args.batch, args.batches, args.threads)
+
+
+if __name__ == "__main__":
+    main()
