@@ -23,9 +23,40 @@ def as_feeds(graph, batch) -> dict:
     return {graph.inputs[0]: np.asarray(batch)}
 
 
+ENGINES = ("ort", "npuforge")
+
+
+def _ort_forward(graph, names: set):
+    """The float graph in ONNX Runtime with every observed value as an extra output:
+    the same numbers as npuforge's float executor (tested to 1e-5), several times faster."""
+    import onnx
+    import onnxruntime as ort
+
+    from ..export import to_onnx
+
+    model = to_onnx(graph)
+    fetch = sorted(n for n in names if n not in graph.inputs)
+    present = {o.name for o in model.graph.output}
+    model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in fetch if n not in present)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+    def run(feeds: dict, observe) -> None:
+        for name, array in feeds.items():
+            observe(name, torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)))
+        for name, array in zip(fetch, session.run(fetch, feeds)):
+            observe(name, torch.from_numpy(array))
+
+    return run
+
+
 def calibrate(graph, batches: Iterable, names: set, method: str, *, bins: int = 4096, percentile: float = 99.99,
-              progress=None) -> tuple[dict, int, float]:
-    """-> (observers by value name, images seen, seconds)."""
+              engine: str = "ort", progress=None) -> tuple[dict, int, float]:
+    """-> (observers by value name, images seen, seconds).
+
+    ``engine``: who runs the float graph, "ort" (ONNX Runtime, fast) or
+    "npuforge" (the float executor)."""
     observers = {name: make_observer(method, bins, percentile) for name in names}
     producer = {out: n for n in graph.nodes for out in n.outputs}
     batch_index = 0
@@ -44,9 +75,15 @@ def calibrate(graph, batches: Iterable, names: set, method: str, *, bins: int = 
 
     images = 0
     start = time.perf_counter()
+    if engine == "ort":
+        forward = _ort_forward(graph, names)
+    else:
+        def forward(feeds, observe):
+            execute(graph, feeds, outputs=graph.outputs, value_hook=observe)
     for batch in batches:
-        feeds = as_feeds(graph, batch)
-        execute(graph, feeds, outputs=graph.outputs, value_hook=observe)
+        feeds = {k: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else v
+                 for k, v in as_feeds(graph, batch).items()}
+        forward(feeds, observe)
         images += len(next(iter(feeds.values())))
         batch_index += 1
         if progress is not None:

@@ -32,6 +32,8 @@ class QuantConfig:
     int16: list = field(default_factory=list, metadata={
         "help": "names of values (tensors) or nodes whose activations are quantized to int16"})
     keep_float: list = field(default_factory=list, metadata={"help": "names of nodes kept in float"})
+    calibration_engine: str = field(default="ort", metadata={
+        "help": "who runs the float graph during calibration: ort (ONNX Runtime, fast) or npuforge"})
     strict: bool = field(default=False, metadata={
         "help": "an op with no quantization rule is an error instead of a warning (it is kept in float)"})
 
@@ -40,6 +42,7 @@ class QuantConfig:
         _choose("granularity", self.granularity, GRANULARITIES)
         _choose("activation_dtype", self.activation_dtype, ACTIVATION_DTYPES)
         _choose("weight_method", self.weight_method, WEIGHT_METHODS + ("auto",))
+        _choose("calibration_engine", self.calibration_engine, ("ort", "npuforge"))
         if not 50.0 < self.percentile <= 100.0:
             raise NpuforgeError(f"quantization option percentile={self.percentile}: give a value in (50, 100]")
         if self.bins < 256 or self.bins & (self.bins - 1):

@@ -15,6 +15,8 @@ Methods (activation ranges):
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -57,6 +59,21 @@ class MeanObserver:
         return self.lo_sum / self.batches, self.hi_sum / self.batches
 
 
+HISTOGRAM_SAMPLE = 1 << 20
+
+
+def _sample(x: torch.Tensor) -> torch.Tensor:
+    """At most about HISTOGRAM_SAMPLE elements of a flat tensor for the histogram: a
+    deterministic 1-in-k stride, k coprime with 2, 3, 5 and 7 so that no channel,
+    row or column is favoured. (Min and max always come from every element.)"""
+    k = -(-x.numel() // HISTOGRAM_SAMPLE)
+    if k <= 1:
+        return x
+    while math.gcd(k, 210) != 1:
+        k += 1
+    return x[::k]
+
+
 class HistogramObserver:
     def __init__(self, method: str, bins: int = 4096, percentile: float = 99.99):
         if bins < 8 or bins & (bins - 1):
@@ -75,7 +92,7 @@ class HistogramObserver:
             self.bound = peak if peak > 0 else 1e-8
         elif peak > self.bound:
             self._grow(int(np.ceil(np.log2(peak / self.bound))))
-        self.hist += torch.histc(x, self.bins, -self.bound, self.bound).double().numpy()
+        self.hist += torch.histc(_sample(x), self.bins, -self.bound, self.bound).double().numpy()
 
     def _grow(self, doublings: int) -> None:
         """Widen the range by 2**doublings, merging 2**doublings old bins into one, centred."""
@@ -124,24 +141,27 @@ class HistogramObserver:
         hist = self._abs_hist()
         hist[0] = hist[1]  # flatten the spike of exact zeros (ReLU), as NVIDIA's pytorch-quantization does
         n = hist.size
-        best_t, best_kl = n, np.inf
-        stride = max(1, (n - q_levels) // 256)
-        for t in range(q_levels, n + 1, stride):
+
+        def divergence(t: int) -> float:
             sliced = hist[:t]
             p = sliced.copy()
             p[-1] += hist[t:].sum()  # the reference keeps the clipped mass in its last bin
             nonzero = p > 0
             if not nonzero.any():
-                continue
+                return np.inf
             # the candidate: t bins merged into q_levels groups (without the clipped
             # mass), each group's mass spread evenly over its non-empty bins
             group = (np.arange(t) * q_levels) // t
             mass = np.bincount(group, weights=sliced, minlength=q_levels)
             count = np.bincount(group, weights=nonzero.astype(np.float64), minlength=q_levels)
             q = np.where(nonzero, mass[group] / np.maximum(count[group], 1), 0.0)
-            kl = _kl_divergence(_smooth(p), _smooth(q))
-            if kl < best_kl:
-                best_kl, best_t = kl, t
+            return _kl_divergence(_smooth(p), _smooth(q))
+
+        # coarse to fine: 64 thresholds over the whole range, then every bin near the best
+        coarse = max(1, (n - q_levels) // 64)
+        best_t = min(range(q_levels, n + 1, coarse), key=divergence)
+        fine = range(max(q_levels, best_t - coarse), min(n, best_t + coarse) + 1, max(1, coarse // 16))
+        best_t = min(fine, key=divergence)
         threshold = best_t * self.bound / n
         return max(self.lo, -threshold), min(self.hi, threshold)
 

@@ -237,7 +237,8 @@ def quantize(model, data, config=None, *, optimize: bool = True, progress=None, 
         msg = f"node '{node.name}' ({node.op}) kept in float: {reason}"
         (log or (lambda m: warnings.warn(m, stacklevel=2)))(msg)
     observers, images, seconds = calibrate(graph, data, plan.activations, config.method, bins=config.bins,
-                                           percentile=config.percentile, progress=progress)
+                                           percentile=config.percentile, engine=config.calibration_engine,
+                                           progress=progress)
     for name, p in _group_params(graph, plan, observers, config).items():
         graph.values[name].quant = p
     for node in graph.nodes:
