@@ -1,15 +1,16 @@
 """The integer simulator against ONNX Runtime on a quantized model, in one run.
 
     .venv/bin/python benchmarks/sim_vs_ort.py QMODEL.nfir [--batch 25] [--batches 2] [--threads 2]
-    .venv/bin/python benchmarks/sim_vs_ort.py QMODEL.nfir --agreement DIR [--skip 100]
+    .venv/bin/python benchmarks/sim_vs_ort.py QMODEL.nfir --agreement DIR [--skip 100] [--rounding MODES]
 
 Throughput (default): images/s of the integer simulator (fixedpoint and onnx
 rounding) and of an ONNX Runtime session of npuforge's QDQ export (ORT fuses it
 into its int8 kernels), same random batch, same thread count, one process,
 after one warm-up batch each; prints the table and the ratios.
 
---agreement DIR: top-1 of the integer simulator (fixedpoint) and of fake-quant
-on the images of DIR (after --skip), and their top-1 agreement.
+--agreement DIR [--rounding fixedpoint,single,onnx]: top-1 of the integer
+simulator in each rounding mode and of fake-quant on the images of DIR (after
+--skip), and each mode's top-1 agreement with fake-quant.
 """
 
 from __future__ import annotations
@@ -63,28 +64,35 @@ def bench(graph, batch: int, batches: int, threads: int) -> None:
         print(f"| {label} | {ips:.1f} | {ips / ort_ips:.2f}x |")
 
 
-def agreement(graph, data: str, skip: int, limit: int | None, batch: int, threads: int) -> None:
-    from npuforge.workflow import forward_of, transform_of
+def agreement(graph, data: str, skip: int, limit: int | None, batch: int, threads: int, modes: list) -> None:
+    from npuforge.sim.fake_quant import run_fake_quant
+    from npuforge.workflow import transform_of
     from npuforge.zoo.data import ImageDataset, iter_batches
 
     torch.set_num_threads(threads)
     dataset = ImageDataset(data, None, limit=limit, skip=skip)
-    engines = {"int": forward_of(graph, "int"), "fake": forward_of(graph, "npuforge")}
+    name, out = graph.inputs[0], graph.outputs[0]
+    engines = {mode: (lambda a, s=IntegerSimulator(graph, mode): s.run({name: a})[out]) for mode in modes}
+    engines["fake-quant"] = lambda a: run_fake_quant(graph, {name: a})[out]
     correct = {k: 0 for k in engines}
-    agree = seen = 0
+    agree = {k: 0 for k in modes}
+    seen = 0
     start = time.perf_counter()
     for x, y, _ in iter_batches(dataset, transform_of(graph.metadata["preprocess"]), batch, 2):
         top = {k: np.asarray(f(x)).argmax(axis=1) for k, f in engines.items()}
         for k in engines:
             correct[k] += int((top[k] == y).sum())
-        agree += int((top["int"] == top["fake"]).sum())
+        for k in modes:
+            agree[k] += int((top[k] == top["fake-quant"]).sum())
         seen += len(y)
         print(f"\r{seen} images", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     print(f"{graph.name} on {seen} images of {data} (skip {skip}), {time.perf_counter() - start:.0f} s")
-    print(f"top-1 integer (fixedpoint) {100 * correct['int'] / seen:.2f}%, fake-quant {100 * correct['fake'] / seen:.2f}%, "
-          f"difference {100 * (correct['int'] - correct['fake']) / seen:+.2f} points; "
-          f"top-1 agreement {100 * agree / seen:.2f}% ({agree}/{seen})")
+    fq = correct["fake-quant"]
+    print(f"fake-quant top-1 {100 * fq / seen:.2f}%")
+    for k in modes:
+        print(f"integer ({k}) top-1 {100 * correct[k] / seen:.2f}% ({100 * (correct[k] - fq) / seen:+.2f} points "
+              f"vs fake-quant), top-1 agreement with fake-quant {100 * agree[k] / seen:.2f}% ({agree[k]}/{seen})")
 
 
 def main() -> None:
@@ -94,12 +102,13 @@ def main() -> None:
     p.add_argument("--batches", type=int, default=2, help="timed batches per engine")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--agreement", metavar="DIR", help="instead: top-1 and agreement of int vs fake-quant on DIR")
+    p.add_argument("--rounding", default="fixedpoint", help="comma-separated rounding modes for --agreement")
     p.add_argument("--skip", type=int, default=100)
     p.add_argument("--limit", type=int)
     args = p.parse_args()
     graph = npuforge.load(args.model)
     if args.agreement:
-        agreement(graph, args.agreement, args.skip, args.limit, args.batch, args.threads)
+        agreement(graph, args.agreement, args.skip, args.limit, args.batch, args.threads, args.rounding.split(","))
     else:
         bench(graph, args.batch, args.batches, args.threads)
 

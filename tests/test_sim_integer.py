@@ -21,7 +21,8 @@ from onnx import TensorProto, helper, numpy_helper
 from npuforge.ir.graph import Graph, Node, Value
 from npuforge.quant.params import QParams, QRANGES
 from npuforge.quant.requant import quantize_multiplier
-from npuforge.sim.int_ops import exact_float_dtype, requantize_fixedpoint, requantize_fixedpoint_steps
+from npuforge.sim.int_ops import (exact_float_dtype, requantize_fixedpoint, requantize_fixedpoint_steps,
+                                  requantize_single)
 from npuforge.sim.integer import IntegerSimulator, dequantize_output, quantize_input
 
 NP = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16, "int32": np.int32}
@@ -141,12 +142,18 @@ def mbqm(x: int, multiplier: int, shift: int) -> int:
     return rdbpot(srdhm(x, multiplier), right)
 
 
-def ref_requant(acc: np.ndarray, mult, shift, axis=None) -> np.ndarray:
+def single(x: int, multiplier: int, shift: int) -> int:
+    """TFLite MultiplyByQuantizedMultiplier under TFLITE_SINGLE_ROUNDING (64-bit product, one rounding)."""
+    total = 31 - shift
+    return (int(sat32(x)) * multiplier + (1 << (total - 1))) >> total
+
+
+def ref_requant(acc: np.ndarray, mult, shift, axis=None, fn=mbqm) -> np.ndarray:
     out = np.empty(acc.shape, np.int64)
     mult, shift = np.atleast_1d(mult), np.atleast_1d(shift)
     for idx in np.ndindex(*acc.shape):
         c = idx[axis] if (axis is not None and mult.size > 1) else 0
-        out[idx] = mbqm(int(acc[idx]), int(mult[c]), int(shift[c]))
+        out[idx] = fn(int(acc[idx]), int(mult[c]), int(shift[c]))
     return out
 
 
@@ -198,6 +205,8 @@ def test_requantize_matches_gemmlowp_reference():
         np.testing.assert_array_equal(ours, ref, err_msg=f"M={mult} shift={shift}")
         steps = requantize_fixedpoint_steps(torch.from_numpy(accs), mult, shift).numpy()
         np.testing.assert_array_equal(steps, ref)
+        one = requantize_single(torch.from_numpy(accs), mult, shift).numpy()
+        np.testing.assert_array_equal(one, [single(int(a), mult, shift) for a in accs])
     # ties: x * M / 2^31 = k + 1/2 -> SRDHM rounds up; RDBPOT rounds half away from zero
     assert mbqm(-3, 2**30, 0) == -1 and mbqm(3, 2**30, 0) == 2
     assert int(requantize_fixedpoint(torch.tensor([-3, 3, -6, 6]), 2**30, -1)[0]) == -1
@@ -279,17 +288,19 @@ def test_conv_onnx_mode_equals_ort_qlinearconv(case):
     np.testing.assert_array_equal(sim(g, {"x": x}, "onnx"), ref)
 
 
+@pytest.mark.parametrize("mode", ["fixedpoint", "single"])
 @pytest.mark.parametrize("case", range(len(CONV_CASES)))
-def test_conv_fixedpoint_equals_reference(case):
+def test_conv_fixedpoint_equals_reference(case, mode):
     rng = np.random.default_rng(20 + case)
+    fn = mbqm if mode == "fixedpoint" else single
     g, x, wq, bias, xp_, wp, yp, attrs = conv_case(rng, **CONV_CASES[case])
     node = g.nodes[0]
     acc = ref_conv2d(x, wq, bias, int(xp_.zero_point), attrs["strides"], attrs["pads"], attrs["dilations"],
                      attrs["group"])
     mult, shift = g.values[node.quant["multiplier"]].data, g.values[node.quant["shift"]].data
-    ref = np.clip(ref_requant(acc, mult, shift, axis=1) + int(yp.zero_point), 0, 255)
-    np.testing.assert_array_equal(sim(g, {"x": x}, "fixedpoint"), ref)
-    np.testing.assert_array_equal(sim(g, {"x": x}, "fixedpoint", accumulate="int64"), ref)
+    ref = np.clip(ref_requant(acc, mult, shift, axis=1, fn=fn) + int(yp.zero_point), 0, 255)
+    np.testing.assert_array_equal(sim(g, {"x": x}, mode), ref)
+    np.testing.assert_array_equal(sim(g, {"x": x}, mode, accumulate="int64"), ref)
 
 
 @pytest.mark.parametrize("act,params", [("Relu", ()), ("Clip", (0.0, 6.0)), ("Clip", (-0.5, 0.7))])
@@ -610,3 +621,28 @@ def test_errors():
     plain.add_value(Value("x", "float32", (1,)))
     with pytest.raises(NpuforgeError, match="not quantized"):
         IntegerSimulator(plain)
+
+
+def test_cli_run_modes(tmp_path, capsys):
+    import npuforge
+    from npuforge.cli import main
+
+    rng = np.random.default_rng(140)
+    g, x, *_ = conv_case(rng)
+    npuforge.save(g, tmp_path / "q.nfir")
+    xf = g.values["x"].quant.dequantize(x)
+    np.save(tmp_path / "x.npy", xf)
+    np.save(tmp_path / "xq.npy", x)
+    assert main(["run", str(tmp_path / "q.nfir"), "--input", f"x={tmp_path / 'x.npy'}", "--mode", "int",
+                 "--output", str(tmp_path / "int.npz")]) == 0
+    assert main(["run", str(tmp_path / "q.nfir"), "--input", str(tmp_path / "xq.npy"), "--mode", "int", "--codes",
+                 "--rounding", "onnx", "--output", str(tmp_path / "codes.npz")]) == 0
+    assert main(["run", str(tmp_path / "q.nfir"), "--input", str(tmp_path / "x.npy"), "--mode", "fake",
+                 "--output", str(tmp_path / "fake.npz")]) == 0
+    got = np.load(tmp_path / "int.npz")["y"]
+    np.testing.assert_array_equal(got, IntegerSimulator(g).run({"x": xf})["y"])
+    codes_ = np.load(tmp_path / "codes.npz")["y"]
+    assert codes_.dtype == np.uint8
+    np.testing.assert_array_equal(codes_, IntegerSimulator(g, "onnx").run({"x": x}, dequantize=False)["y"])
+    fake = np.load(tmp_path / "fake.npz")["y"]
+    assert np.abs(fake - got).max() <= 2 * float(g.values["y"].quant.scale)

@@ -104,6 +104,19 @@ def requantize_fixedpoint(acc: torch.Tensor, multiplier, shift) -> torch.Tensor:
     return t.bitwise_right_shift_(31 + e)
 
 
+def requantize_single(acc: torch.Tensor, multiplier, shift) -> torch.Tensor:
+    """Single-rounding requantization (TFLite's ``TFLITE_SINGLE_ROUNDING``, CMSIS-NN's
+    single-rounding option, a 32x32->64-bit multiply and one rounding shift):
+    ``floor((saturate_int32(acc) * multiplier + 2^(30 - shift)) / 2^(31 - shift))``,
+    i.e. round(acc * m) with ties toward +infinity; needs shift <= 30."""
+    multiplier = torch.as_tensor(multiplier, dtype=torch.int64)
+    total = 31 - torch.as_tensor(shift, dtype=torch.int64)
+    if bool((total < 1).any()):
+        raise ValueError("single-rounding requantization needs shift <= 30")
+    t = saturate_int32(acc) * multiplier
+    return t.add_(1 << (total - 1)).bitwise_right_shift_(total)
+
+
 def requantize_fixedpoint_steps(acc: torch.Tensor, multiplier, shift) -> torch.Tensor:
     """:func:`requantize_fixedpoint` step by step (steps 1-3 of its docstring), for cross-checks."""
     multiplier = torch.as_tensor(multiplier, dtype=torch.int64)

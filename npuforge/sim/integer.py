@@ -15,6 +15,10 @@ Rounding modes
 ``fixedpoint`` (the NPU default): gemmlowp / TFLite requantization,
     ``SaturatingRoundingDoublingHighMul`` then ``RoundingDivideByPOT``
     (:func:`npuforge.sim.int_ops.requantize_fixedpoint`).
+``single``: single-rounding fixed point (TFLite's ``TFLITE_SINGLE_ROUNDING``,
+    CMSIS-NN's single-rounding option): ``floor((acc * M + 2^(30-shift)) / 2^(31-shift))``,
+    the same stored integers with one rounding instead of two
+    (:func:`npuforge.sim.int_ops.requantize_single`).
 ``onnx``: ``saturate(round_half_even(float32(acc) * scale) + zero_point)`` with
     the float32 scale computed as ONNX Runtime computes it (e.g.
     ``(s_x * s_w) / s_y`` for QLinearConv), and each op's ONNX Runtime formula
@@ -61,9 +65,9 @@ from ..errors import NpuforgeError, UnsupportedError
 from ..ops.registry import get_op
 from .float_exec import check_feeds
 from .int_ops import (NP_INT, TORCH_INT, conv_int64, exact_float_dtype, max_abs_code, requantize_fixedpoint,
-                      requantize_onnx, rounding_divide, rounding_divide_by_pot)
+                      requantize_onnx, requantize_single, rounding_divide, rounding_divide_by_pot)
 
-ROUNDING_MODES = ("fixedpoint", "onnx")
+ROUNDING_MODES = ("fixedpoint", "single", "onnx")
 ACCUMULATE = ("auto", "int64")  # auto: float kernels where proven exact, else int64
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -119,6 +123,8 @@ class IntegerSimulator:
             raise NpuforgeError(f"graph '{graph.name}' is not quantized; quantize it first (npuforge quantize)")
         self.graph = graph
         self.rounding = rounding
+        # integer requantization of the fixed-point modes
+        self._R = requantize_single if rounding == "single" else requantize_fixedpoint
         self.accumulate = accumulate
         self._prep: dict[str, dict] = {}
         self.kernels: dict[str, str] = {}  # node -> "float32" / "float64" / "int64" (for reports and tests)
@@ -300,7 +306,7 @@ class IntegerSimulator:
                 prep["bias64"] = torch.from_numpy(bias).reshape(shape)
         self.kernels[node.name] = str(ftype).replace("torch.", "") if ftype is not None else "int64"
         # requantization constants
-        if self.rounding == "fixedpoint":
+        if self.rounding != "onnx":
             prep["M"] = self._int(node, "multiplier").astype(np.int64)
             prep["S"] = self._int(node, "shift").astype(np.int64)
             if node.attrs.get("activation") == "LeakyRelu":
@@ -364,12 +370,12 @@ class IntegerSimulator:
         return acc
 
     def _requant(self, node, acc: torch.Tensor, prep: dict, axis: int) -> torch.Tensor:
-        if self.rounding == "fixedpoint":
+        if self.rounding != "onnx":
             M = _channel_shape(prep["M"], acc.dim(), axis)
             S = _channel_shape(prep["S"], acc.dim(), axis)
-            y = requantize_fixedpoint(acc, M, S)
+            y = self._R(acc, M, S)
             if "Mneg" in prep:
-                yn = requantize_fixedpoint(acc, _channel_shape(prep["Mneg"], acc.dim(), axis),
+                yn = self._R(acc, _channel_shape(prep["Mneg"], acc.dim(), axis),
                                            _channel_shape(prep["Sneg"], acc.dim(), axis))
                 y = torch.where(acc < 0, yn, y)
             return y
@@ -405,8 +411,8 @@ class IntegerSimulator:
         ftype = exact_float_dtype(bound) if self.accumulate == "auto" else None
         acc = torch.matmul(a.to(ftype), b.to(ftype)).to(torch.int64) if ftype is not None else \
             torch.from_numpy(np.matmul(a.numpy(), b.numpy()))
-        if self.rounding == "fixedpoint":
-            y = requantize_fixedpoint(acc, int(self._int(node, "multiplier")[0]), int(self._int(node, "shift")[0]))
+        if self.rounding != "onnx":
+            y = self._R(acc, int(self._int(node, "multiplier")[0]), int(self._int(node, "shift")[0]))
         else:
             scale = (_f32(aq.scale) * _f32(bq.scale)).astype(np.float32) / _f32(yq.scale)
             y = requantize_onnx(acc, scale)
@@ -427,14 +433,14 @@ class IntegerSimulator:
         if self.rounding == "onnx":
             return [self._store(self._elementwise_onnx(node, xs, qs, yq), yq)]
         if node.op == "Mul":
-            y = requantize_fixedpoint(xs[0] * xs[1], int(self._int(node, "multiplier")[0]),
+            y = self._R(xs[0] * xs[1], int(self._int(node, "multiplier")[0]),
                                       int(self._int(node, "shift")[0]))
             return [self._store(y + zy, yq)]
         if node.op not in ("Add", "Sub"):
             raise UnsupportedError(f"node '{node.name}': no integer rule for elementwise {node.op}")
         shifts = [int(self._int(node, f"shift{k}")[0]) for k in range(2)]
         bits = min(_extra_bits(max_abs_code(qs[k]), shifts[k]) for k in range(2))
-        ts = [requantize_fixedpoint(xs[k] << bits, int(self._int(node, f"multiplier{k}")[0]), shifts[k])
+        ts = [self._R(xs[k] << bits, int(self._int(node, f"multiplier{k}")[0]), shifts[k])
               for k in range(2)]
         total = ts[0] + ts[1] if node.op == "Add" else ts[0] - ts[1]
         y = rounding_divide_by_pot(total, bits)
@@ -508,7 +514,7 @@ class IntegerSimulator:
             return [self._store(y + zy, yq)]
         m, s = int(self._int(node, "multiplier")[0]), int(self._int(node, "shift")[0])
         bits = _extra_bits(int(count.max()) * max_abs_code(xq), s)
-        t = requantize_fixedpoint(total << bits, m, s)
+        t = self._R(total << bits, m, s)
         y = rounding_divide(t, count << bits)
         return [self._store(y + zy, yq)]
 
@@ -516,7 +522,7 @@ class IntegerSimulator:
     def _table(self, node) -> torch.Tensor:
         key = f"{node.name}::table"
         if key not in self._prep:
-            if self.rounding == "fixedpoint":
+            if self.rounding != "onnx":
                 table = self._int(node, "lut").astype(np.int64)
             else:  # rebuilt from the float scales: dequantize every code, the float op, quantize
                 xq, yq = self._q(node.inputs[0]), self._q(node.outputs[0])

@@ -1,0 +1,47 @@
+"""The integer simulator on the whole pretrained EfficientNet-Lite0 (per-channel,
+100 calibration images) against fake-quant, on a subset of the evaluation images.
+The full 400-image figures are in docs/simulator.md with their command."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import npuforge
+from npuforge.cli import main as cli_main
+from npuforge.sim.fake_quant import run_fake_quant
+from npuforge.sim.integer import IntegerSimulator
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def quantized(imagenet_sample, tmp_path_factory):
+    out = tmp_path_factory.mktemp("l0q") / "l0q.nfir"
+    assert cli_main(["quantize", "efficientnet_lite0", "--calib", str(imagenet_sample), "--num-calib", "100",
+                     "-o", str(out)]) == 0
+    return npuforge.load(out)
+
+
+def test_integer_agrees_with_fake_quant(quantized, imagenet_sample):
+    from npuforge.workflow import transform_of
+    from npuforge.zoo.data import ImageDataset, iter_batches
+
+    torch.set_num_threads(2)
+    dataset = ImageDataset(imagenet_sample, None, limit=25, skip=100)
+    x, y, _ = next(iter_batches(dataset, transform_of(quantized.metadata["preprocess"]), 25, 2))
+    name, out = quantized.inputs[0], quantized.outputs[0]
+    sim = IntegerSimulator(quantized, "fixedpoint")
+    logits = sim.run({name: x})[out]
+    fake = run_fake_quant(quantized, {name: x})[out]
+    assert set(sim.kernels.values()) == {"float32"}  # every accumulator proven exact in float32
+    agree = float((logits.argmax(1) == fake.argmax(1)).mean())
+    assert agree >= 0.96, agree  # 99.x % on the full 400 (docs/simulator.md); >= 24 of these 25
+    assert abs(float((logits.argmax(1) == y).mean()) - float((fake.argmax(1) == y).mean())) <= 0.08
+    # the logits are on the output's grid and close to fake-quant's
+    step = float(quantized.values[out].quant.scale)
+    assert np.abs(logits - fake).max() <= 12 * step
+    # onnx rounding mode runs the same program with float-scale requantization
+    onnx_logits = IntegerSimulator(quantized, "onnx").run({name: x[:4]})[out]
+    assert (onnx_logits.argmax(1) == fake[:4].argmax(1)).mean() >= 0.75
