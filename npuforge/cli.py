@@ -213,9 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("int", "fake", "float"), default="float",
                    help="int: the integer simulator (a quantized IR); fake: fake-quant (float kernels, values "
                         "rounded to their grid); float: the float graph (default)")
-    p.add_argument("--rounding", choices=("fixedpoint", "onnx"), default="fixedpoint",
-                   help="integer requantization: fixedpoint (gemmlowp/TFLite, the NPU's; default) or onnx "
-                        "(float scales, round half to even, as ONNX QLinear ops)")
+    p.add_argument("--rounding", choices=("fixedpoint", "single", "onnx"), default="fixedpoint",
+                   help="integer requantization: fixedpoint (gemmlowp/TFLite, the NPU's; default), single (the "
+                        "same integers, one rounding) or onnx (float scales, round half to even, as ONNX QLinear ops)")
     p.add_argument("--codes", action="store_true", help="with --mode int: write the outputs' integer codes")
     p.set_defaults(func=cmd_run)
 
