@@ -646,3 +646,52 @@ def test_cli_run_modes(tmp_path, capsys):
     np.testing.assert_array_equal(codes_, IntegerSimulator(g, "onnx").run({"x": x}, dequantize=False)["y"])
     fake = np.load(tmp_path / "fake.npz")["y"]
     assert np.abs(fake - got).max() <= 2 * float(g.values["y"].quant.scale)
+
+
+def test_passthrough_concat_and_a_node_kept_in_float():
+    """MaxPool and Concat move codes (shared parameters); a node without a quantization
+    rule (Softmax) runs in float on dequantized inputs; ReduceMean divides by its count."""
+    from npuforge.ops.registry import get_op
+
+    rng = np.random.default_rng(150)
+    p = rand_params(rng, "int8")
+    yp = rand_params(rng, "int8", 0.01, 0.02)
+    x = codes(rng, p, (2, 3, 6, 6))
+    g = Graph("chain")
+    g.add_value(Value("x", "float32", x.shape, quant=p))
+    g.inputs = ["x"]
+    g.add_value(Value("m", "float32", (2, 3, 3, 3), quant=p))
+    g.add_value(Value("c", "float32", (2, 6, 3, 3), quant=p))
+    g.add_value(Value("r", "float32", (2, 6, 1, 1), quant=yp))
+    g.add_value(Value("s", "float32", (2, 6, 3, 3)))
+    g.add_const("axes", np.array([2, 3], np.int64))
+    pool = {"ceil_mode": 0, "dilations": [1, 1], "kernel_shape": [2, 2], "pads": [0, 0, 0, 0], "strides": [2, 2],
+            "storage_order": 0}
+    g.nodes = [Node("pool", "MaxPool", ["x"], ["m"], pool),
+               Node("cat", "Concat", ["m", "m"], ["c"], {"axis": 1}),
+               Node("mean", "ReduceMean", ["c", "axes"], ["r"], {"keepdims": 1, "noop_with_empty_axes": 0}),
+               Node("soft", "Softmax", ["c"], ["s"], {"axis": 1})]
+    mult, shift = quantize_multiplier(np.array([np.float64(p.scale) / np.float64(yp.scale)]))
+    for role, data in (("multiplier", mult), ("shift", shift)):
+        g.add_const(f"mean::{role}", data)
+        g.nodes[2].quant[role] = f"mean::{role}"
+    g.outputs = ["c", "r", "s"]
+    out = IntegerSimulator(g).run({"x": x}, dequantize=False)
+    m = x.reshape(2, 3, 3, 2, 3, 2).max(axis=(3, 5))
+    np.testing.assert_array_equal(out["c"], np.concatenate([m, m], axis=1))
+    assert out["c"].dtype == np.int8
+    soft = get_op("Softmax").forward(g.nodes[3], [torch.from_numpy(p.dequantize(out["c"]))])[0].numpy()
+    np.testing.assert_array_equal(out["s"], soft)
+    sums = (out["c"].astype(np.int64) - int(p.zero_point)).sum(axis=(2, 3), keepdims=True)
+    np.testing.assert_array_equal(out["r"], _ref_int8_pool(sums, p, yp, int(mult[0]), int(shift[0])))
+
+
+def _ref_int8_pool(sums, xp_, yp, mult, shift):
+    out = np.empty(sums.shape, np.int64)
+    for idx in np.ndindex(*sums.shape):
+        bits = bitlen_bits(9 * max_abs(xp_), shift)
+        t = mbqm(int(sums[idx]) << bits, mult, shift)
+        d = 9 << bits
+        q = (2 * abs(t) + d) // (2 * d)
+        out[idx] = min(127, max(-128, (q if t >= 0 else -q) + int(yp.zero_point)))
+    return out
