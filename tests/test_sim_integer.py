@@ -303,7 +303,8 @@ def test_conv_fixedpoint_equals_reference(case, mode):
     np.testing.assert_array_equal(sim(g, {"x": x}, mode, accumulate="int64"), ref)
 
 
-@pytest.mark.parametrize("act,params", [("Relu", ()), ("Clip", (0.0, 6.0)), ("Clip", (-0.5, 0.7))])
+@pytest.mark.parametrize("act,params", [("Relu", ()), ("Clip", (0.0, 6.0)), ("Clip", (-0.5, 0.7)),
+                                        ("LeakyRelu", (0.1,))])
 def test_conv_fused_activation_bounds(act, params):
     rng = np.random.default_rng(30)
     g, x, wq, bias, xp_, wp, yp, attrs = conv_case(rng, act=act, act_params=params)
@@ -311,6 +312,13 @@ def test_conv_fused_activation_bounds(act, params):
     acc = ref_conv2d(x, wq, bias, int(xp_.zero_point), attrs["strides"], attrs["pads"], attrs["dilations"], 1)
     mult, shift = g.values[node.quant["multiplier"]].data, g.values[node.quant["shift"]].data
     zp, s = int(yp.zero_point), np.float32(yp.scale)
+    if act == "LeakyRelu":  # negative accumulators use the derived multiplier for alpha * m
+        from npuforge.quant.requant import multiplier_value
+
+        mn, sn = quantize_multiplier(params[0] * multiplier_value(mult, shift))
+        y = np.where(acc < 0, ref_requant(acc, mn, sn, axis=1), ref_requant(acc, mult, shift, axis=1))
+        np.testing.assert_array_equal(sim(g, {"x": x}, "fixedpoint"), np.clip(y + zp, 0, 255))
+        return
     lo, hi = (zp, 255) if act == "Relu" else (zp + int(np.rint(np.float32(params[0]) / s)),
                                               zp + int(np.rint(np.float32(params[1]) / s)))
     ref = np.clip(ref_requant(acc, mult, shift, axis=1) + zp, max(lo, 0), min(hi, 255))

@@ -67,7 +67,7 @@ def saturate_int32(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(INT32_MIN, INT32_MAX)
 
 
-def requantize_fixedpoint(acc: torch.Tensor, multiplier, shift) -> torch.Tensor:
+def requantize_fixedpoint(acc: torch.Tensor, multiplier, shift, saturate: bool = True) -> torch.Tensor:
     """round(acc * multiplier * 2^(shift - 31)) the way gemmlowp / TFLite compute it
     (``MultiplyByQuantizedMultiplier``), on int64 tensors holding int32 values:
 
@@ -86,25 +86,28 @@ def requantize_fixedpoint(acc: torch.Tensor, multiplier, shift) -> torch.Tensor:
     u, c and a, b > 0, steps 2-3 give ``floor((t + 2^30 + 2^(30+e) - 2^31 * [t < -2^30]) / 2^(31+e))``
     (``y < 0`` exactly when ``u < 0``). ``multiplier``/``shift`` are int64 tensors
     (or ints) broadcastable to ``acc``; |t| < 2^62 so nothing overflows int64.
+    ``saturate=False`` skips step 1's first saturation when the caller has proven
+    that ``acc`` fits int32.
     """
     multiplier = torch.as_tensor(multiplier, dtype=torch.int64)
     shift = torch.as_tensor(shift, dtype=torch.int64)
-    x = saturate_int32(acc)
+    x = saturate_int32(acc) if saturate else acc
     if bool((shift > 0).any()):
         x = saturate_int32(x << shift.clamp(min=0))
     e = (-shift).clamp(min=0)
     t = x * multiplier
     if not bool((e > 0).any()):
         return t.add_(1 << 30).bitwise_right_shift_(31)
+    every = bool((e > 0).all())
     pos = (e > 0).to(torch.int64)
     const = (1 << 30) + (((1 << (30 + e)) if e.dim() or int(e) else 0) * pos)
-    neg = (t < -(1 << 30)).to(torch.int64)
+    neg = (t < -(1 << 30)).to(torch.int64).bitwise_left_shift_(31)
     t.add_(const)
-    t.sub_((neg * pos) << 31)
+    t.sub_(neg if every else neg * pos)
     return t.bitwise_right_shift_(31 + e)
 
 
-def requantize_single(acc: torch.Tensor, multiplier, shift) -> torch.Tensor:
+def requantize_single(acc: torch.Tensor, multiplier, shift, saturate: bool = True) -> torch.Tensor:
     """Single-rounding requantization (TFLite's ``TFLITE_SINGLE_ROUNDING``, CMSIS-NN's
     single-rounding option, a 32x32->64-bit multiply and one rounding shift):
     ``floor((saturate_int32(acc) * multiplier + 2^(30 - shift)) / 2^(31 - shift))``,
@@ -113,7 +116,7 @@ def requantize_single(acc: torch.Tensor, multiplier, shift) -> torch.Tensor:
     total = 31 - torch.as_tensor(shift, dtype=torch.int64)
     if bool((total < 1).any()):
         raise ValueError("single-rounding requantization needs shift <= 30")
-    t = saturate_int32(acc) * multiplier
+    t = (saturate_int32(acc) if saturate else acc) * multiplier
     return t.add_(1 << (total - 1)).bitwise_right_shift_(total)
 
 

@@ -294,7 +294,7 @@ class IntegerSimulator:
         fold_bias = bias is not None and exact_float_dtype(bound + b_abs) == exact_float_dtype(bound)
         ftype = exact_float_dtype(bound + b_abs if fold_bias else bound) if self.accumulate == "auto" else None
         prep = {"w": w, "bias": bias, "out_axis": out_axis, "ftype": ftype, "bound": bound,
-                "fold_bias": fold_bias}
+                "fold_bias": fold_bias, "fits_int32": bound + b_abs < 2**31}
         if ftype is not None:
             prep["wf"] = torch.from_numpy(w).to(ftype)
             if op == "Gemm" and node.attrs["transB"]:
@@ -345,7 +345,7 @@ class IntegerSimulator:
                 if prep["bias"] is not None:
                     acc = acc + prep["bias"]
             return torch.from_numpy(np.ascontiguousarray(acc))
-        xf = x.to(ftype) - zp.to(ftype)
+        xf = x.to(ftype).sub_(zp.to(ftype))
         if op == "Conv":
             nsp = xf.dim() - 2
             pads = a["pads"]
@@ -373,7 +373,7 @@ class IntegerSimulator:
         if self.rounding != "onnx":
             M = _channel_shape(prep["M"], acc.dim(), axis)
             S = _channel_shape(prep["S"], acc.dim(), axis)
-            y = self._R(acc, M, S)
+            y = self._R(acc, M, S, saturate=not prep["fits_int32"])
             if "Mneg" in prep:
                 yn = self._R(acc, _channel_shape(prep["Mneg"], acc.dim(), axis),
                                            _channel_shape(prep["Sneg"], acc.dim(), axis))
@@ -399,7 +399,7 @@ class IntegerSimulator:
         yq = self._q(node.outputs[0])
         zp = torch.from_numpy(yq._broadcast(yq.zero_point.astype(np.int64), y.dim()))
         lo, hi = prep["bounds"]
-        return [self._store(y + zp, yq, lo, hi)]
+        return [y.add_(zp).clamp_(lo, hi).to(TORCH_INT[yq.dtype])]
 
     # -- matmul (two activations) ---------------------------------------------------------
     def _matmul(self, node, env) -> list:
