@@ -116,7 +116,12 @@ class AveragePool(_WindowPool):
     quant = "pool"
 
     def forward(self, node, xs):
-        x = xs[0]
+        total, count = self.window_sums(node, xs[0])
+        return [total / count]
+
+    def window_sums(self, node, x):
+        """Every window's sum and its ONNX divisor, in x's dtype (float64 sums of
+        integer codes are exact, which the integer simulator relies on)."""
         a = node.attrs
         nsp = x.dim() - 2
         pads = self.exact_pads(node, tuple(x.shape))
@@ -134,7 +139,7 @@ class AveragePool(_WindowPool):
         ones = torch.ones((c, 1, *a["kernel_shape"]), dtype=x.dtype)
         total = _CONV[nsp](x, ones, None, a["strides"], 0, a["dilations"], c)
         count = _CONV[nsp](mask, ones[:1], None, a["strides"], 0, a["dilations"], 1)
-        return [total / count]
+        return total, count
 
 
 @register

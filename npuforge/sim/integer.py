@@ -476,24 +476,8 @@ class IntegerSimulator:
                 axes = list(range(x.dim()))
             count = int(np.prod([x.shape[d] for d in axes]))
             return x.sum(dim=axes, keepdim=bool(node.attrs["keepdims"])), torch.tensor(count)
-        from ..ops.conv import torch_pad_arg
-
-        pool = get_op("AveragePool")
-        a = node.attrs
-        nsp = x.dim() - 2
-        pads = pool.exact_pads(node, tuple(x.shape))
-        mask = torch.ones((1, 1, *x.shape[2:]), dtype=torch.float64)
-        if a["count_include_pad"]:
-            mask = F.pad(mask, torch_pad_arg(a["pads"]), value=1.0)
-            extra = [0] * nsp + [pads[nsp + i] - a["pads"][nsp + i] for i in range(nsp)]
-            mask = F.pad(mask, torch_pad_arg(extra))
-        else:
-            mask = F.pad(mask, torch_pad_arg(pads))
-        xf = F.pad(x.to(torch.float64), torch_pad_arg(pads))  # exact: window sums of int16 codes << 2^53
-        c = xf.shape[1]
-        ones = torch.ones((c, 1, *a["kernel_shape"]), dtype=torch.float64)
-        total = _CONV[nsp](xf, ones, None, a["strides"], 0, a["dilations"], c)
-        count = _CONV[nsp](mask, ones[:1], None, a["strides"], 0, a["dilations"], 1)
+        # exact: window sums of int16 codes are far below 2^53
+        total, count = get_op("AveragePool").window_sums(node, x.to(torch.float64))
         return total.to(torch.int64), count.to(torch.int64)
 
     def _pool(self, node, env) -> list:
