@@ -51,6 +51,15 @@ def check_feeds(graph, feeds: dict) -> dict:
     return out
 
 
+def last_uses(graph) -> dict:
+    """value name -> index of the last node that reads it (executors free it there)."""
+    last_use = {}
+    for index, node in enumerate(graph.nodes):
+        for name in node.inputs:
+            last_use[name] = index
+    return last_use
+
+
 def execute(graph, feeds: dict, outputs: list[str] | None = None, *, value_hook=None, const_hook=None) -> dict:
     """Run the graph with each op's torch forward.
 
@@ -69,10 +78,7 @@ def execute(graph, feeds: dict, outputs: list[str] | None = None, *, value_hook=
     for v in graph.constants():
         t = _as_tensor(v.data)
         env[v.name] = const_hook(v, t) if const_hook is not None else t
-    last_use = {}
-    for index, node in enumerate(graph.nodes):
-        for name in node.inputs:
-            last_use[name] = index
+    last_use = last_uses(graph)
     keep = set(wanted)
     with torch.no_grad():
         for index, node in enumerate(graph.nodes):

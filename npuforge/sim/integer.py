@@ -63,7 +63,7 @@ import torch.nn.functional as F
 
 from ..errors import NpuforgeError, UnsupportedError
 from ..ops.registry import get_op
-from .float_exec import check_feeds
+from .float_exec import check_feeds, last_uses
 from .int_ops import (NP_INT, TORCH_INT, conv_int64, exact_float_dtype, max_abs_code, requantize_fixedpoint,
                       requantize_onnx, requantize_single, rounding_divide, rounding_divide_by_pot)
 
@@ -171,10 +171,7 @@ class IntegerSimulator:
                 env[name] = torch.from_numpy(quantize_input(checked[name].numpy(), p))
             else:
                 env[name] = checked[name]
-        last_use = {}
-        for index, node in enumerate(graph.nodes):
-            for name in node.inputs:
-                last_use[name] = index
+        last_use = last_uses(graph)
         keep = set(wanted)
         with torch.no_grad():
             for index, node in enumerate(graph.nodes):
