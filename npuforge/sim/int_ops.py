@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
