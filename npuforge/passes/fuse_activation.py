@@ -12,7 +12,7 @@ constant scalars. The activation's output name is kept.
 from __future__ import annotations
 
 from .manager import register_pass
-from .rewrite import prune, scalar, single_consumer
+from .rewrite import absorb_consumer, prune, scalar, single_consumer
 
 TARGETS = ("Conv", "Gemm")
 
@@ -51,9 +51,7 @@ def fuse_activation(graph) -> int:
         if form is None:
             continue
         node.attrs["activation"], node.attrs["activation_params"] = form[0], list(form[1])
-        node.outputs = [act.outputs[0]]
-        graph.nodes.remove(act)
-        graph.values.pop(y, None)
+        absorb_consumer(graph, node, act)
         changes += 1
     prune(graph)
     return changes

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .manager import register_pass
-from .rewrite import const, new_const, prune, single_consumer
+from .rewrite import absorb_consumer, const, new_const, prune, single_consumer
 
 TARGETS = ("Conv", "Gemm")
 
@@ -91,10 +91,7 @@ def fuse_bias(graph) -> int:
         dtype = const(graph, node.inputs[1]).dtype
         bias_base = b_name or f"{node.name}/bias"
         node.inputs = list(node.inputs[:2]) + [new_const(graph, f"{bias_base}/fused", np.asarray(new_b).astype(dtype))]
-        old = node.outputs[0]
-        node.outputs = [user.outputs[0]]
-        graph.nodes.remove(user)
-        graph.values.pop(old, None)
+        absorb_consumer(graph, node, user)
         changes += 1
     prune(graph)
     return changes

@@ -156,6 +156,15 @@ def make_const(graph: Graph, node: Node, outputs: list) -> None:
         v.data, v.dtype, v.shape = data, from_numpy(data.dtype), tuple(data.shape)
 
 
+def absorb_consumer(graph: Graph, node: Node, user: Node) -> None:
+    """``node`` takes over the output of ``user``, its only consumer, which disappears
+    with the value between them (fusing an activation or a bias-like Add)."""
+    old = node.outputs[0]
+    node.outputs = [user.outputs[0]]
+    graph.nodes.remove(user)
+    graph.values.pop(old, None)
+
+
 def prune(graph: Graph) -> int:
     """Remove nodes none of whose outputs is read (nor a graph output), then
     constants and value entries nothing refers to. Returns the nodes removed."""
