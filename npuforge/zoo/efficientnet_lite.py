@@ -22,7 +22,7 @@ from torch import nn
 
 from ..errors import NpuforgeError
 from .checkpoint import load_state_dict_strict, read_checkpoint
-from .layers import ConvBNAct, DropPath, make_divisible, same_out_size
+from .layers import ConvBNAct, DropPath, init_weights, make_divisible, same_out_size
 from .registry import PretrainedConfig, WeightSource, register_model
 
 BN_EPS = 1e-3
@@ -98,19 +98,7 @@ class EfficientNetLite(nn.Module):
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(1280, num_classes)
-        self._init_weights()
-
-    def _init_weights(self):
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                bound = 1.0 / m.out_features ** 0.5
-                nn.init.uniform_(m.weight, -bound, bound)
-                nn.init.zeros_(m.bias)
+        init_weights(self, _init_linear)
 
     def forward_features(self, x):
         return self.head(self.blocks(self.stem(x)))
@@ -211,3 +199,9 @@ def _register(name: str, file: str, top1: float):
 efficientnet_lite0 = _register("efficientnet_lite0", "efficientnet-lite0-57934424.pth", 75.1)
 efficientnet_lite1 = _register("efficientnet_lite1", "efficientnet-lite1-77cc7160.pth", 76.7)
 efficientnet_lite2 = _register("efficientnet_lite2", "efficientnet-lite2-9656183e.pth", 77.6)
+
+
+def _init_linear(m: nn.Linear) -> None:
+    bound = 1.0 / m.out_features ** 0.5
+    nn.init.uniform_(m.weight, -bound, bound)
+    nn.init.zeros_(m.bias)

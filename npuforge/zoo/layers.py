@@ -112,3 +112,17 @@ def make_divisible(v: float, divisor: int = 8, min_value: int | None = None) -> 
     if new_v < 0.9 * v:
         new_v += divisor
     return int(new_v)
+
+
+def init_weights(model: nn.Module, linear_init) -> None:
+    """The usual zoo initialisation in one pass over the modules: Kaiming-normal
+    (fan_out, ReLU gain) convolutions, BatchNorm to identity, and ``linear_init(m)``
+    for each nn.Linear (the recipes differ there)."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear):
+            linear_init(m)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import make_divisible
+from .layers import init_weights, make_divisible
 from .registry import PretrainedConfig, register_model
 
 
@@ -51,15 +51,7 @@ class MobileNetV2(nn.Module):
         self.features = nn.Sequential(*features)
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(last, num_classes))
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, 0, 0.01)
-                nn.init.zeros_(m.bias)
+        init_weights(self, _init_linear)
 
     def forward(self, x):
         x = self.pool(self.features(x))
@@ -70,3 +62,8 @@ class MobileNetV2(nn.Module):
                 head="classifier.1")
 def mobilenet_v2(num_classes: int = 1000, width_mult: float = 1.0, dropout: float = 0.2, in_chans: int = 3):
     return MobileNetV2(num_classes, width_mult, dropout, in_chans)
+
+
+def _init_linear(m: nn.Linear) -> None:
+    nn.init.normal_(m.weight, 0, 0.01)
+    nn.init.zeros_(m.bias)

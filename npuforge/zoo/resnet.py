@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .layers import init_weights
 from .registry import PretrainedConfig, register_model
 
 
@@ -67,12 +68,7 @@ class ResNet(nn.Module):
         self.layer4 = self._make_layer(block, 512, layers[3], 2)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(512 * block.expansion, num_classes)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        init_weights(self, linear_init=lambda m: None)  # nn.Linear keeps torch's default
         if zero_init_residual:
             for m in self.modules():
                 last = getattr(m, "bn3", None) if isinstance(m, Bottleneck) else getattr(m, "bn2", None)
