@@ -32,6 +32,8 @@ class QuantConfig:
     int16: list = field(default_factory=list, metadata={
         "help": "names of values (tensors) or nodes whose activations are quantized to int16"})
     keep_float: list = field(default_factory=list, metadata={"help": "names of nodes kept in float"})
+    per_channel: list = field(default_factory=list, metadata={
+        "help": "names of compute nodes whose weights get per-channel scales when granularity is per-tensor"})
     calibration_engine: str = field(default="ort", metadata={
         "help": "who runs the float graph during calibration: ort (ONNX Runtime, fast) or npuforge"})
     strict: bool = field(default=False, metadata={
@@ -47,7 +49,7 @@ class QuantConfig:
             raise NpuforgeError(f"quantization option percentile={self.percentile}: give a value in (50, 100]")
         if self.bins < 256 or self.bins & (self.bins - 1):
             raise NpuforgeError(f"quantization option bins={self.bins}: give a power of two >= 256")
-        self.int16, self.keep_float = list(self.int16), list(self.keep_float)
+        self.int16, self.keep_float, self.per_channel = list(self.int16), list(self.keep_float), list(self.per_channel)
 
     @property
     def resolved_weight_method(self) -> str:

@@ -160,9 +160,12 @@ def _quantize_compute(graph, node, config: QuantConfig) -> None:
     op = get_op(node.op)
     x, w = graph.values[node.inputs[0]], graph.values[node.inputs[1]]
     y = graph.values[node.outputs[0]]
-    axis = op.weight_axis(node, graph) if config.granularity == "per-channel" else None
+    per_channel = config.granularity == "per-channel" or node.name in config.per_channel
+    axis = op.weight_axis(node, graph) if per_channel else None
     qmax = 63 if config.reduce_range else 127
-    wp = weight_params(w.data, axis, qmax, _weight_clip(w.data, axis, config.resolved_weight_method, qmax))
+    # auto weight clipping: minmax for per-channel scales (also a per_channel override), mse per tensor
+    method = "minmax" if per_channel and config.weight_method == "auto" else config.resolved_weight_method
+    wp = weight_params(w.data, axis, qmax, _weight_clip(w.data, axis, method, qmax))
     w.quant = wp
     _add_int(graph, node, "weight", wp.quantize(w.data))
     in_scale, out_scale = np.float64(x.quant.scale), np.float64(y.quant.scale)
