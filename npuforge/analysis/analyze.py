@@ -1,0 +1,149 @@
+"""The whole analysis: calibrate once, quantize, per-layer errors in both views,
+ranking, how much of the drop the worst layers explain, fixes on the worst ones,
+and (with a target drop) the mixed-precision search. Returns one JSON-ready dict
+(the report's input) and the searched quantized graph."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..quant.config import QuantConfig
+from ..quant.observers import METHODS
+from .layers import LayerProbe
+from .search import Scorer, explain, search, try_fixes, with_changes
+from .session import Calibration, Evaluator, ort_logits
+
+
+def _histogram(calibration, value: str, params, bins: int = 96) -> dict:
+    """The calibration histogram of a value, cut to its observed range and re-binned, with
+    the chosen clipping range (what the quantized grid covers)."""
+    h = calibration.observed[value].hist
+    edges = np.linspace(-h.bound, h.bound, h.hist.size + 1)
+    keep = (edges[1:] > min(h.lo, 0.0)) & (edges[:-1] < max(h.hi, 0.0))
+    counts, lo_edge = h.hist[keep], edges[:-1][keep]
+    width = edges[1] - edges[0]
+    group = max(1, int(np.ceil(counts.size / bins)))
+    pad = (-counts.size) % group
+    counts = np.concatenate([counts, np.zeros(pad)]).reshape(-1, group).sum(axis=1)
+    start = float(lo_edge[0]) if lo_edge.size else 0.0
+    clip_lo = float((params.qmin - int(params.zero_point)) * float(params.scale))
+    clip_hi = float((params.qmax - int(params.zero_point)) * float(params.scale))
+    return {"start": start, "bin_width": float(width * group), "counts": counts.tolist(),
+            "min": float(h.lo), "max": float(h.hi), "clip": [clip_lo, clip_hi], "dtype": params.dtype}
+
+
+def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config: QuantConfig | None = None, *,
+            analysis_images: int = 16, fix_layers: int = 3, target_drop: float | None = None,
+            max_layers: int = 16, engine: str = "ort", log=None, optimize: bool = True):
+    """-> (result dict, quantized graph: the search's choice with a target, else plain int8)."""
+    from ..passes import optimize as run_passes
+
+    log = log or (lambda m: None)
+    config = config or QuantConfig()
+    timings = {}
+    t0 = start = time.perf_counter()
+
+    def lap(name):
+        nonlocal start
+        now = time.perf_counter()
+        timings[name] = round(now - start, 2)
+        start = now
+
+    opt = run_passes(graph)[0] if optimize else graph
+    log(f"calibrating on the calibration images ({config.method} and every other observer at once)")
+    cal = Calibration(opt, calib_batches, bins=config.bins, percentile=config.percentile,
+                      engine=config.calibration_engine)
+    qgraph = cal.build(config)
+    for name in qgraph.metadata["quantization"]["float_nodes"]:
+        log(f"note: node '{name}' kept in float (no quantization rule)")
+    lap("calibrate_and_quantize")
+
+    ev = Evaluator(x_eval, y_eval, engine)
+    fp32, int8 = ev.top1(opt), ev.top1(qgraph)
+    log(f"top-1 on {len(x_eval)} images: FP32 {fp32:.2f}%, int8 {int8:.2f}%")
+    lap("evaluate")
+
+    probe = LayerProbe(qgraph)
+    xa = x_eval[:analysis_images]
+    variants = {}
+    for layer in probe.layers:
+        v = {"int16": cal.value_params(layer.output, config.method, "int16", True)}
+        if layer.output in cal.observed:
+            for m in METHODS:
+                v[f"observer:{m}"] = cal.value_params(layer.output, m, config.activation_dtype, config.symmetric)
+        variants[layer.node] = v
+    log(f"per-layer errors on {len(xa)} images: {len(probe.layers)} layers, cumulative and isolated")
+    probe.run(xa, variants=variants)
+    lap("layer_errors")
+    float_logits = ort_logits(opt, xa)
+    errors = probe.output_errors(xa, float_logits, {layer.node: (layer.node, "same") for layer in probe.layers})
+    for layer in probe.layers:
+        layer.to_output = errors[layer.node]
+    ranked = probe.rank()
+    lap("isolated_output_errors")
+
+    scorer = Scorer(cal, ev, config, log=log)
+    scorer.memo[((), ())] = int8
+    log("how much of the drop the worst layers explain (kept in float)")
+    explained = explain(scorer, ranked, fp32, int8)
+    lap("explain")
+    fixes = []
+    for layer in ranked[:fix_layers]:
+        log(f"fixes for {layer.node}")
+        fixes += try_fixes(scorer, layer, int8)
+    lap("fixes")
+
+    result_search = None
+    best = qgraph
+    if target_drop is not None:
+        log(f"mixed-precision search: top-1 within {target_drop} of FP32 with the fewest int16 / float layers")
+        result_search = search(scorer, ranked, fp32, int8, target_drop, max_layers)
+        best = cal.build(with_changes(config, result_search["changes"]))
+        if engine == "ort":  # the number npuforge eval prints for the written model
+            result_search["top1_fake_quant"] = round(Evaluator(x_eval, y_eval, "npuforge").top1(best), 3)
+        lap("search")
+
+    worst = ranked[:max(fix_layers, 4)]
+    result = {
+        "config": config.to_dict(),
+        "calibration_images": cal.images,
+        "evaluation_images": int(len(x_eval)),
+        "analysis_images": int(len(xa)),
+        "engine": engine,
+        "fp32_top1": round(fp32, 3), "int8_top1": round(int8, 3), "drop": round(fp32 - int8, 3),
+        "output": probe.output_stats.to_dict(),
+        "layers": [_layer_dict(layer) for layer in probe.layers],
+        "ranking": [layer.node for layer in ranked],
+        "explained": explained,
+        "fixes": fixes,
+        "search": result_search,
+        "details": {layer.node: {
+            "histogram": _histogram(cal, layer.output, qgraph.values[layer.output].quant)
+            if layer.output in cal.observed else None,
+            "weights": layer.weights} for layer in worst},
+        "evaluations": ev.runs,
+        "timings": timings,
+    }
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    return result, best
+
+
+def _layer_dict(layer) -> dict:
+    w = layer.weights
+    return {
+        "name": layer.node, "op": layer.op, "kind": layer.kind, "depth": layer.depth, "rank": layer.rank,
+        "sqnr_db": round(layer.cumulative.sqnr_db, 3),
+        "isolated_sqnr_db": round(layer.isolated.sqnr_db, 3),
+        "cosine": round(layer.cumulative.cosine, 6),
+        "isolated_cosine": round(layer.isolated.cosine, 6),
+        "rel_mse": layer.cumulative.to_dict()["rel_mse"],
+        "isolated_rel_mse": layer.isolated.to_dict()["rel_mse"],
+        "output_sqnr_db": round(layer.to_output.sqnr_db, 3),
+        "drop_share": round(layer.share, 4),
+        "int16_isolated_sqnr_db": round(layer.variants["int16"].sqnr_db, 3) if "int16" in layer.variants else None,
+        "weights": None if w is None else {k: w[k] for k in ("channels", "range_spread", "outlier_channels",
+                                                             "outlier_weights", "sqnr_per_tensor_db",
+                                                             "sqnr_per_channel_db")},
+    }

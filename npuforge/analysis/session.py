@@ -1,0 +1,195 @@
+"""One calibration, many quantized variants.
+
+Observers do not depend on which layers end up in int16 or float, so the float
+graph runs over the calibration data once, feeding for every activation a mean
+observer and a histogram observer (whose exact min/max is the minmax method and
+whose histogram serves percentile, kl and mse). ``build`` then quantizes with any
+QuantConfig, and per value with any observer method, from that cache: the same
+steps as ``npuforge.quantize`` after calibration (plan, parameters per sharing
+group, integers per node), through the quantizer's own helpers.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+from ..errors import NpuforgeError
+from ..quant.calibrate import _ort_forward, as_feeds
+from ..quant.config import QuantConfig
+from ..quant.observers import HistogramObserver, MeanObserver
+from ..quant.quantize import _group_params, _quantize_node, make_plan
+from ..sim.float_exec import execute
+
+
+class _MethodView:
+    """An observer answering ``range(levels)`` for one method from the shared statistics."""
+
+    def __init__(self, entry: "_Observed", method: str):
+        self.entry, self.method = entry, method
+
+    def range(self, levels: int):
+        return self.entry.range(self.method, levels)
+
+
+class _Observed:
+    def __init__(self, bins: int, percentile: float):
+        self.mean = MeanObserver()
+        self.hist = HistogramObserver("mse", bins, percentile)
+        self._memo: dict = {}
+
+    def update(self, t) -> None:
+        self.mean.update(t)
+        self.hist.update(t)
+
+    def range(self, method: str, levels: int):
+        key = (method, levels)
+        if key not in self._memo:
+            if method == "minmax":
+                r = (self.hist.lo, self.hist.hi)
+            elif method == "mean":
+                r = self.mean.range(levels)
+            else:
+                h = copy.copy(self.hist)  # shares the counts; range() does not modify them
+                h.method = method
+                with np.errstate(invalid="ignore", divide="ignore"):  # kl on a degenerate histogram
+                    r = h.range(levels)
+            self._memo[key] = (float(r[0]), float(r[1]))
+        return self._memo[key]
+
+
+class Calibration:
+    """Statistics of every activation of ``graph`` (an optimized float Graph) over ``batches``."""
+
+    def __init__(self, graph, batches, *, bins: int = 4096, percentile: float = 99.99, engine: str = "ort",
+                 progress=None):
+        self.graph = graph
+        names = make_plan(graph, QuantConfig()).activations
+        self.observed = {n: _Observed(bins, percentile) for n in names}
+
+        def observe(name, t):
+            entry = self.observed.get(name)
+            if entry is not None:
+                try:
+                    entry.update(t)
+                except FloatingPointError:
+                    raise NpuforgeError(f"calibration: value '{name}' holds NaN or Inf; check the input data "
+                                        f"and preprocessing") from None
+            return t
+
+        if engine == "ort":
+            forward = _ort_forward(graph, names)
+        else:
+            def forward(feeds, observe):
+                execute(graph, feeds, outputs=graph.outputs, value_hook=observe)
+        self.images = 0
+        start = time.perf_counter()
+        for batch in batches:
+            feeds = {k: np.asarray(v, np.float32) for k, v in as_feeds(graph, batch).items()}
+            forward(feeds, observe)
+            self.images += len(next(iter(feeds.values())))
+            if progress is not None:
+                progress(self.images)
+        if self.images == 0:
+            raise NpuforgeError("calibration got no data; give at least one batch of images")
+        self.seconds = time.perf_counter() - start
+
+    def observers(self, method: str, overrides: dict | None = None) -> dict:
+        overrides = overrides or {}
+        return {n: _MethodView(e, overrides.get(n, method)) for n, e in self.observed.items()}
+
+    def value_params(self, name: str, method: str, dtype: str, symmetric: bool):
+        """Parameters of one value alone (no sharing group) from ``method``'s range."""
+        from ..quant.params import from_range
+        from ..quant.quantize import _levels
+
+        return from_range(*self.observed[name].range(method, _levels(dtype, symmetric)), dtype, symmetric)
+
+    def build(self, config: QuantConfig, methods: dict | None = None):
+        """The quantized graph for ``config``; ``methods`` maps value names to another observer method."""
+        nodes = {n.name for n in self.graph.nodes}
+        for option in ("int16", "keep_float", "per_channel"):
+            unknown = [n for n in getattr(config, option) if n not in nodes and n not in self.graph.values]
+            if unknown:
+                raise NpuforgeError(f"{option} names unknown node(s): {', '.join(unknown)}")
+        graph = copy.deepcopy(self.graph)
+        plan = make_plan(graph, config)
+        observers = self.observers(config.method, methods)
+        for name, p in _group_params(graph, plan, observers, config).items():
+            graph.values[name].quant = p
+        for node in graph.nodes:
+            kind = plan.kinds.get(node.name)
+            if kind:
+                _quantize_node(graph, node, kind, config)
+        graph.metadata["quantization"] = {
+            "config": config.to_dict(),
+            "calibration_images": self.images,
+            "calibration_seconds": round(self.seconds, 3),
+            "quantized_nodes": len(plan.kinds),
+            "float_nodes": [n.name for n, _ in plan.kept_float],
+        }
+        if methods:
+            graph.metadata["quantization"]["observer_overrides"] = dict(sorted(methods.items()))
+        graph.check()
+        return graph
+
+
+class Evaluator:
+    """Top-1 of a float or quantized graph over fixed, preprocessed images.
+
+    engine "ort": the float graph, or the quantized graph as QDQ, in ONNX Runtime with
+    its graph optimizations off, so Q/DQ stay separate float ops and no int8 kernel
+    runs (the fake-quant numbers, up to float rounding; several times faster than
+    npuforge's executor). engine "npuforge": npuforge's float / fake-quant executor.
+    """
+
+    def __init__(self, x: np.ndarray, labels: np.ndarray, engine: str = "ort", batch_size: int = 50):
+        if engine not in ("ort", "npuforge"):
+            raise NpuforgeError(f"--engine {engine}: choose ort or npuforge")
+        self.x, self.labels, self.engine, self.batch_size = x, labels, engine, batch_size
+        self.runs = 0
+        self.seconds = 0.0
+
+    def logits(self, graph) -> np.ndarray:
+        from ..sim.fake_quant import is_quantized, run_fake_quant
+
+        start = time.perf_counter()
+        quantized = is_quantized(graph)
+        name = graph.inputs[0]
+        if self.engine == "ort":
+            out = ort_logits(graph, self.x, self.batch_size)
+        else:
+            def run(b):
+                feeds = {name: b}
+                return (run_fake_quant(graph, feeds) if quantized else graph.run(feeds))[graph.outputs[0]]
+            out = np.concatenate([run(self.x[i:i + self.batch_size]) for i in range(0, len(self.x), self.batch_size)])
+        self.runs += 1
+        self.seconds += time.perf_counter() - start
+        return out
+
+    def top1(self, graph) -> float:
+        return top1(self.logits(graph), self.labels)
+
+
+def ort_logits(graph, x: np.ndarray, batch_size: int = 50) -> np.ndarray:
+    """The graph's first output in ONNX Runtime: float, or QDQ with graph optimizations off."""
+    from ..export import to_onnx, to_qdq_onnx
+    from ..sim.fake_quant import is_quantized
+
+    quantized = is_quantized(graph)
+    model = to_qdq_onnx(graph) if quantized else to_onnx(graph)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if quantized:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    out_name, in_name = session.get_outputs()[0].name, session.get_inputs()[0].name
+    return np.concatenate([session.run([out_name], {in_name: x[i:i + batch_size]})[0]
+                           for i in range(0, len(x), batch_size)])
+
+
+def top1(logits: np.ndarray, labels: np.ndarray) -> float:
+    return 100.0 * float((np.argmax(logits, axis=1) == labels).mean())
