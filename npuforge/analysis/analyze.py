@@ -143,7 +143,9 @@ def _layer_dict(layer) -> dict:
         "output_sqnr_db": round(layer.to_output.sqnr_db, 3),
         "drop_share": round(layer.share, 4),
         "int16_isolated_sqnr_db": round(layer.variants["int16"].sqnr_db, 3) if "int16" in layer.variants else None,
-        "weights": None if w is None else {k: w[k] for k in ("channels", "range_spread", "outlier_channels",
-                                                             "outlier_weights", "sqnr_per_tensor_db",
-                                                             "sqnr_per_channel_db")},
+        "weights": None if w is None else {**{k: w[k] for k in ("channels", "range_spread", "outlier_channels",
+                                                                "outlier_weights", "sqnr_per_tensor_db",
+                                                                "sqnr_per_channel_db")},
+                                           "channel_min": [round(v, 6) for v in w["min"]],
+                                           "channel_max": [round(v, 6) for v in w["max"]]},
     }

@@ -104,7 +104,7 @@ def cmd_analyze(args) -> int:
     from .text import format_table
 
     _check(args)
-    log = (lambda m: None) if (args.quiet or args.json) else stderr_log
+    log = (lambda m: None) if args.quiet else stderr_log  # on stderr: --json output stays clean
     config = QuantConfig(method=args.method, granularity=args.granularity, activation_dtype=args.activation_dtype,
                          symmetric=args.symmetric)
     graph = resolve_model(args.model, args.preprocess, log=stderr_log)

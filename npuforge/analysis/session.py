@@ -115,6 +115,10 @@ class Calibration:
             unknown = [n for n in getattr(config, option) if n not in nodes and n not in self.graph.values]
             if unknown:
                 raise NpuforgeError(f"{option} names unknown node(s): {', '.join(unknown)}")
+        steps = [s for s in ("equalize", "bias_correction", "adaround") if getattr(config, s, False)]
+        if steps:  # they change weights after calibration; quantize() runs them, this builder does not
+            raise NpuforgeError(f"the analysis builds configurations without {', '.join(steps)}; "
+                                f"analyse without them")
         graph = copy.deepcopy(self.graph)
         plan = make_plan(graph, config)
         observers = self.observers(config.method, methods)

@@ -24,6 +24,11 @@ def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return [first + i * step for i in range(int((hi - first) / step) + 1)]
 
 
+def _index_ticks(n: int) -> list[int]:
+    """Integer ticks over 0..n-1 for a layer or channel axis."""
+    return sorted({int(round(t)) for t in _nice_ticks(0, max(n - 1, 1), 8) if t <= n - 1} | {0})
+
+
 def _fmt(v: float) -> str:
     return f"{v:.3g}"
 
@@ -76,7 +81,7 @@ def line_chart(series: dict, xlabel: str, ylabel: str, title: str = "", labels: 
     ys = [v for s in series.values() for v in s if v is not None]
     n = max((len(s) for s in series.values()), default=1)
     f = _Frame(0, max(n - 1, 1), min(ys + [0.0]), max(ys + [1.0]) * 1.05)
-    body = f.axes(xlabel, ylabel)
+    body = f.axes(xlabel, ylabel, xticks=_index_ticks(n))
     for i, (name, s) in enumerate(series.items()):
         color = COLORS[i % len(COLORS)]
         pts = " ".join(f"{f.x(k):.1f},{f.y(v):.1f}" for k, v in enumerate(s) if v is not None)
@@ -93,7 +98,7 @@ def line_chart(series: dict, xlabel: str, ylabel: str, title: str = "", labels: 
 def bar_chart(values: list[float], xlabel: str, ylabel: str, title: str = "", labels: list | None = None,
               highlight: set | None = None) -> str:
     f = _Frame(-0.5, len(values) - 0.5, 0.0, max(values + [1e-9]) * 1.05)
-    body = f.axes(xlabel, ylabel, xticks=_nice_ticks(0, max(len(values) - 1, 1), 8))
+    body = f.axes(xlabel, ylabel, xticks=_index_ticks(len(values)))
     bw = max(1.0, (W - L - R) / max(len(values), 1) * 0.8)
     for k, v in enumerate(values):
         color = COLORS[1] if highlight and k in highlight else COLORS[0]
@@ -136,7 +141,7 @@ def weight_ranges(mins: list[float], maxs: list[float], clip: float | None, titl
     """One vertical bar per output channel from its min to its max weight; dashed: +-clip."""
     peak = max([abs(v) for v in mins + maxs] + [clip or 0.0, 1e-12]) * 1.05
     f = _Frame(-0.5, len(mins) - 0.5, -peak, peak)
-    body = f.axes("output channel", "weight", xticks=_nice_ticks(0, max(len(mins) - 1, 1), 8))
+    body = f.axes("output channel", "weight", xticks=_index_ticks(len(mins)))
     bw = max(1.0, (W - L - R) / max(len(mins), 1) * 0.7)
     for k, (a, b) in enumerate(zip(mins, maxs)):
         body.append(f'<rect x="{f.x(k) - bw / 2:.1f}" y="{f.y(b):.1f}" width="{bw:.1f}" '
