@@ -30,6 +30,14 @@ def _table(header: list[str], rows: list[list], left: int = 1, classes: list[str
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
+def _short(name: str, by_name: dict) -> str:
+    """A layer name for a chart label: its op suffix and leading parts dropped (/a/b/c/d/Conv -> b/c/d)."""
+    parts = [p for p in name.split("/") if p]
+    if len(parts) > 1 and name in by_name and parts[-1] == by_name[name]["op"]:
+        parts = parts[:-1]
+    return "/".join(parts[-3:]) or name
+
+
 def render(result: dict) -> str:
     cfg = result["config"]
     layers = result["layers"]
@@ -83,8 +91,8 @@ def render(result: dict) -> str:
 
     if result["fixes"]:
         parts.append("<h2>Fixes tried (one layer at a time)</h2>")
-        parts.append(svg.hbar_chart([(f"{f['layer'].rsplit('/', 3)[-3] if f['layer'].count('/') >= 3 else f['layer']}"
-                                      f": {f['fix']}", f["top1"]) for f in result["fixes"]], "top-1 (%)",
+        parts.append(svg.hbar_chart([(f"{_short(f['layer'], by_name)}: {f['fix']}", f["top1"])
+                                     for f in result["fixes"]], "top-1 (%)",
                                     {"FP32": result["fp32_top1"], "int8": result["int8_top1"]}, "fixes"))
         parts.append(_table(["layer", "fix", "top-1", "change"],
                             [[f["layer"], f["fix"], f"{f['top1']:.2f}%", f"{f['delta']:+.2f}"]

@@ -91,8 +91,8 @@ def line_chart(series: dict, xlabel: str, ylabel: str, title: str = "", labels: 
                 tip = f"{labels[k]}: " if labels else ""
                 body.append(f'<circle cx="{f.x(k):.1f}" cy="{f.y(v):.1f}" r="2.2" fill="{color}">'
                             f'<title>{escape(tip)}{escape(name)} {v:.1f}</title></circle>')
-    body += _legend(list(series))
-    return _svg(body, title=title)
+    body += _legend(list(series), y=H + 8)  # below the axes, clear of the data
+    return _svg(body, height=H + 14 * len(series) + 4, title=title)
 
 
 def bar_chart(values: list[float], xlabel: str, ylabel: str, title: str = "", labels: list | None = None,
