@@ -7,7 +7,9 @@ import torch.nn.functional as F
 from .registry import Op, TensorInfo, fail, norm_axis, register, unsupported
 
 # Activations a Conv / Gemm may carry in its ``activation`` attribute (set by the
-# fusion pass), with what ``activation_params`` holds for each.
+# fusion pass), with what ``activation_params`` holds for each. Clip's bounds are
+# numbers, or lists with one bound per output channel (axis 1): cross-layer
+# equalization rescales channels, and ReLU6's bound 6 becomes 6 / s per channel.
 FUSED_ACTIVATIONS = {
     "": (),
     "Relu": (),
@@ -17,16 +19,35 @@ FUSED_ACTIVATIONS = {
 FUSED_ATTRS = {"activation": "", "activation_params": []}
 
 
-def check_fused(node) -> None:
+def check_fused(node, channels=None) -> None:
     name, params = node.attrs["activation"], node.attrs["activation_params"]
     if name not in FUSED_ACTIVATIONS:
         unsupported(node, f"fused activation '{name}' is not one of {', '.join(a for a in FUSED_ACTIVATIONS if a)}")
     if len(params) != len(FUSED_ACTIVATIONS[name]):
         fail(node, f"activation {name} takes params {list(FUSED_ACTIVATIONS[name])}, got {params}")
+    for key, p in zip(FUSED_ACTIVATIONS[name], params):
+        if isinstance(p, list) and (name != "Clip" or (isinstance(channels, int) and len(p) != channels)):
+            fail(node, f"activation {name} {key}: {len(p)} per-channel values for {channels} output channels")
+
+
+def fused_clip_bounds(node) -> tuple[np.ndarray, np.ndarray] | None:
+    """(lo, hi) of a fused Relu or Clip as float32 arrays, 0-d or one per output channel; None otherwise."""
+    name = node.attrs.get("activation", "")
+    if name == "Relu":
+        return np.float32(0.0), np.float32(np.inf)
+    if name != "Clip":
+        return None
+    lo, hi = (np.asarray(p, np.float32) for p in node.attrs["activation_params"])
+    return lo, hi
+
+
+def _per_channel(bound: np.ndarray, rank: int) -> np.ndarray:
+    return bound.reshape([-1] + [1] * (rank - 2)) if bound.ndim else bound
 
 
 def onnx_with_fused(node) -> list:
-    """ONNX nodes of a Conv / Gemm: the op itself, then its fused activation as a node of its own."""
+    """ONNX nodes of a Conv / Gemm: the op itself, then its fused activation as a node of its own
+    (per-channel Clip bounds, which ONNX's Clip cannot hold, as Max and Min with channel constants)."""
     from onnx import helper, numpy_helper
 
     attrs = {k: v for k, v in node.attrs.items() if k not in FUSED_ATTRS}
@@ -37,10 +58,17 @@ def onnx_with_fused(node) -> list:
     nodes = [helper.make_node(node.op, node.inputs, [mid], name=node.name, **attrs)]
     act = f"{node.name}::{name}"
     if name == "Clip":
+        lo, hi = fused_clip_bounds(node)
+        rank = len(node.attrs.get("kernel_shape", [])) + 2
         bounds = [helper.make_node("Constant", [], [f"{act}::{k}"], name=f"{act}::{k}",
-                                   value=numpy_helper.from_array(np.array(v, np.float32)))
-                  for k, v in zip(("min", "max"), params)]
-        return nodes + bounds + [helper.make_node("Clip", [mid, f"{act}::min", f"{act}::max"], node.outputs, name=act)]
+                                   value=numpy_helper.from_array(_per_channel(v, rank)))
+                  for k, v in zip(("min", "max"), (lo, hi))]
+        if lo.ndim == 0 and hi.ndim == 0:
+            return nodes + bounds + [helper.make_node("Clip", [mid, f"{act}::min", f"{act}::max"], node.outputs,
+                                                      name=act)]
+        low = f"{act}::low"
+        return nodes + bounds + [helper.make_node("Max", [mid, f"{act}::min"], [low], name=f"{act}::Max"),
+                                 helper.make_node("Min", [low, f"{act}::max"], node.outputs, name=f"{act}::Min")]
     extra = {"alpha": params[0]} if name == "LeakyRelu" else {}
     return nodes + [helper.make_node(name, [mid], node.outputs, name=act, **extra)]
 
@@ -52,7 +80,10 @@ def apply_fused(node, y: torch.Tensor) -> torch.Tensor:
     if name == "Relu":
         return F.relu(y)
     if name == "Clip":
-        return torch.clamp(y, params[0], params[1])
+        if not any(isinstance(p, list) for p in params):
+            return torch.clamp(y, params[0], params[1])
+        lo, hi = (torch.from_numpy(_per_channel(b, y.dim())).to(y.dtype) for b in fused_clip_bounds(node))
+        return torch.clamp(y, lo, hi)
     return F.leaky_relu(y, params[0])
 
 

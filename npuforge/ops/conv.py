@@ -93,7 +93,7 @@ class Conv(Op):
     def infer(self, node, ins):
         x, w = ins[0], ins[1]
         _check_rank(node, x, w)
-        check_fused(node)
+        check_fused(node, w.shape[0])
         a = node.attrs
         g = a["group"]
         cin = x.shape[1]

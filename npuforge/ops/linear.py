@@ -32,11 +32,11 @@ class Gemm(Op):
 
     def infer(self, node, ins):
         a, b = ins[0], ins[1]
-        check_fused(node)
         if len(a.shape) != 2 or len(b.shape) != 2:
             fail(node, f"A and B must be 2-D, got {list(a.shape)} and {list(b.shape)}")
         m, ka = a.shape[::-1] if node.attrs["transA"] else a.shape
         kb, n = b.shape[::-1] if node.attrs["transB"] else b.shape
+        check_fused(node, n)
         if not _same(ka, kb):
             fail(node, f"inner dimensions differ: A {list(a.shape)} and B {list(b.shape)}")
         if len(ins) > 2 and ins[2] is not None:

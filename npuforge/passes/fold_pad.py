@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
+
 from ..ops import get_op
+from ..ops.activation import fused_clip_bounds
 from .manager import register_pass
 from .rewrite import const, infer_outputs, prune
 
@@ -78,12 +81,8 @@ def lower_bound(graph, name: str, depth: int = 0) -> float | None:
         lo = const(graph, prod.inputs[1]) if len(prod.inputs) > 1 and prod.inputs[1] else None
         return None if lo is None else float(lo.reshape(-1)[0])
     if prod.op in ("Conv", "Gemm"):
-        act = prod.attrs["activation"]
-        if act == "Relu":
-            return 0.0
-        if act == "Clip":
-            return float(prod.attrs["activation_params"][0])
-        return None
+        bounds = fused_clip_bounds(prod)
+        return None if bounds is None else float(np.min(bounds[0]))
     if prod.op in _PASS_THROUGH:
         return lower_bound(graph, prod.inputs[0], depth + 1)
     return None

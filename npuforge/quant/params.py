@@ -88,8 +88,8 @@ class QParams:
     def fake_quant(self, x: torch.Tensor) -> torch.Tensor:
         s = torch.from_numpy(self._broadcast(self.scale, x.dim()))
         z = torch.from_numpy(self._broadcast(self.zero_point.astype(np.float32), x.dim()))
-        q = torch.clamp(torch.round(x / s) + z, self.qmin, self.qmax)
-        return (q - z) * s
+        q = (x / s).round_().add_(z).clamp_(self.qmin, self.qmax)  # in place: activations are large
+        return q.sub_(z).mul_(s)
 
 
 _NP_INT = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16, "int32": np.int32}

@@ -31,3 +31,23 @@ def quantize_multiplier(m) -> tuple[np.ndarray, np.ndarray]:
 
 def multiplier_value(multiplier, shift) -> np.ndarray:
     return np.asarray(multiplier, np.float64) * 2.0 ** (np.asarray(shift, np.float64) - 31)
+
+
+def activation_code_bounds(node, p) -> tuple:
+    """Saturation bounds, in the output's integer domain, of a Conv / Gemm with
+    a fused Relu or Clip: ``zp + round(bound / scale)`` within the type's
+    range. Ints, or int64 arrays (one per output channel) for per-channel Clip
+    bounds. A fused Relu / Clip is nothing but tighter saturation."""
+    from ..ops.activation import fused_clip_bounds
+
+    bounds = fused_clip_bounds(node)
+    if bounds is None:
+        return p.qmin, p.qmax
+    zp, scale = int(p.zero_point), np.float32(p.scale)
+
+    def code(bound):
+        steps = np.clip(np.rint(np.float32(bound) / scale), -2.0**40, 2.0**40)  # inf -> beyond any range
+        q = np.clip(zp + steps, p.qmin, p.qmax).astype(np.int64)
+        return int(q) if q.ndim == 0 else q
+
+    return code(bounds[0]), code(bounds[1])

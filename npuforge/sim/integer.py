@@ -63,6 +63,7 @@ import torch.nn.functional as F
 
 from ..errors import NpuforgeError, UnsupportedError
 from ..ops.registry import get_op
+from ..quant.requant import activation_code_bounds, multiplier_value, quantize_multiplier
 from .float_exec import check_feeds, last_uses
 from .int_ops import (NP_INT, TORCH_INT, conv_int64, exact_float_dtype, max_abs_code, requantize_fixedpoint,
                       requantize_onnx, requantize_single, rounding_divide, rounding_divide_by_pot)
@@ -246,21 +247,11 @@ class IntegerSimulator:
         return y64.clamp(lo, hi).to(TORCH_INT[p.dtype])
 
     # -- compute ---------------------------------------------------------------------------
-    def _act_bounds(self, node, p) -> tuple[int, int]:
-        act = node.attrs.get("activation", "")
-        lo, hi = p.qmin, p.qmax
-        if act in ("", "LeakyRelu"):
-            return lo, hi
-        if p.per_channel:
-            raise UnsupportedError(f"node '{node.name}': fused {act} on a per-channel quantized output")
-        zp = int(p.zero_point)
-        if act == "Relu":
-            return max(lo, zp), hi
-        a, b = node.attrs["activation_params"]
-        s = np.float32(p.scale)
-        qa = zp + int(np.rint(np.float32(a) / s))
-        qb = zp + int(np.rint(np.float32(b) / s))
-        return max(lo, min(hi, qa)), min(hi, max(lo, qb))
+    def _act_bounds(self, node, p) -> tuple:
+        if p.per_channel and node.attrs.get("activation", "") not in ("", "LeakyRelu"):
+            raise UnsupportedError(f"node '{node.name}': fused {node.attrs['activation']} on a per-channel "
+                                   f"quantized output")
+        return activation_code_bounds(node, p)
 
     def _prep_compute(self, node) -> dict:
         if node.name in self._prep:
@@ -307,8 +298,6 @@ class IntegerSimulator:
             prep["M"] = self._int(node, "multiplier").astype(np.int64)
             prep["S"] = self._int(node, "shift").astype(np.int64)
             if node.attrs.get("activation") == "LeakyRelu":
-                from ..quant.requant import multiplier_value, quantize_multiplier
-
                 alpha = node.attrs["activation_params"][0]
                 mn, sn = quantize_multiplier(alpha * multiplier_value(prep["M"], prep["S"]))
                 prep["Mneg"], prep["Sneg"] = mn.astype(np.int64), sn.astype(np.int64)
@@ -396,6 +385,8 @@ class IntegerSimulator:
         yq = self._q(node.outputs[0])
         zp = torch.from_numpy(yq._broadcast(yq.zero_point.astype(np.int64), y.dim()))
         lo, hi = prep["bounds"]
+        if not (isinstance(lo, int) and isinstance(hi, int)):  # per-channel Clip bounds
+            lo, hi = (_channel_shape(np.asarray(b, np.int64), y.dim(), axis) for b in (lo, hi))
         return [y.add_(zp).clamp_(lo, hi).to(TORCH_INT[yq.dtype])]
 
     # -- matmul (two activations) ---------------------------------------------------------
