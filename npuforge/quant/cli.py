@@ -37,6 +37,19 @@ def add_quantize_parser(sub) -> None:
                    help="7-bit weights, for ONNX Runtime's int8 kernels on x86 CPUs without VNNI")
     p.add_argument("--int16", default="", metavar="NAMES", help="comma-separated values or nodes kept at int16")
     p.add_argument("--keep-float", default="", metavar="NODES", help="comma-separated nodes kept in float")
+    p.add_argument("--equalize", action="store_true",
+                   help="cross-layer equalization before calibration: rescale consecutive Conv/Gemm layers so "
+                        "their channel ranges match (helps per-tensor weights most)")
+    p.add_argument("--bias-correction", action="store_true",
+                   help="remove each layer's mean output shift caused by quantization, measured on the "
+                        "calibration images (holds them all in memory: about 1 GB per 100 at 224x224)")
+    p.add_argument("--adaround", action="store_true",
+                   help="learn each weight's rounding layer by layer on the calibration images (minutes)")
+    p.add_argument("--adaround-iters", type=int, default=300, metavar="N",
+                   help="AdaRound steps per layer (default 300)")
+    p.add_argument("--adaround-cache", metavar="DIR",
+                   help="where AdaRound keeps each learnt layer, so an interrupted run resumes "
+                        "(default: OUT with suffix .adaround)")
     p.add_argument("--strict", action="store_true", help="an op with no quantization rule is an error")
     p.add_argument("--preprocess", metavar="ZOO_MODEL", help="use this zoo model's preprocessing for an ONNX file")
     p.add_argument("--batch-size", type=int, default=25, help="calibration batch size (default 25)")
@@ -67,7 +80,11 @@ def cmd_quantize(args) -> int:
         raise NpuforgeError(f"--num-calib {args.num_calib}: give a positive number of images")
     config = QuantConfig(method=args.method, granularity=args.granularity, activation_dtype=args.activation_dtype,
                          symmetric=args.symmetric, reduce_range=args.reduce_range, int16=_names(args.int16),
-                         keep_float=_names(args.keep_float), strict=args.strict)
+                         keep_float=_names(args.keep_float), strict=args.strict, equalize=args.equalize,
+                         bias_correction=args.bias_correction, adaround=args.adaround,
+                         adaround_iters=args.adaround_iters,
+                         adaround_cache=(args.adaround_cache or str(out.with_suffix(".adaround"))) if args.adaround
+                         else "")
     log = stderr_log
     graph = resolve_model(args.model, args.preprocess, log=log)
     dataset = ImageDataset(args.calib, args.class_table)
@@ -80,10 +97,21 @@ def cmd_quantize(args) -> int:
                disable=args.quiet or args.json, leave=False)
     start = time.perf_counter()
     batches = (x for x, _, _ in iter_batches(dataset, transform, args.batch_size))
-    try:
-        qgraph = quantize(graph, batches, config, progress=lambda n: bar.update(n - bar.n), log=log)
-    finally:
+    bars = {}
+
+    def layer_progress(step: str, done: int, total: int) -> None:
         bar.close()
+        if step not in bars:
+            bars[step] = tqdm(total=total, desc=step, unit="layer", file=sys.stderr,
+                              disable=args.quiet or args.json, leave=False)
+        bars[step].update(done - bars[step].n)
+
+    try:
+        qgraph = quantize(graph, batches, config, progress=lambda n: bar.update(n - bar.n), log=log,
+                          layer_progress=layer_progress)
+    finally:
+        for b in [bar, *bars.values()]:
+            b.close()
     seconds = time.perf_counter() - start
     qdq = to_qdq_onnx(qgraph)
     # write everything beside the target first, then rename: a failure leaves no half-written set
@@ -109,6 +137,7 @@ def cmd_quantize(args) -> int:
         "calibration_images": meta["calibration_images"],
         "skipped_images": len(dataset.skipped), "seconds": round(seconds, 2),
         "quantized_nodes": meta["quantized_nodes"], "float_nodes": meta["float_nodes"],
+        **{step: meta[step] for step in ("equalize", "adaround", "bias_correction") if step in meta},
         "quantized_values": sum(1 for v in qgraph.values.values() if v.quant is not None and not v.is_const),
     }
     if args.json:
@@ -120,5 +149,8 @@ def cmd_quantize(args) -> int:
     print(f"  {config.method} calibration on {summary['calibration_images']} images"
           f"{f' ({len(dataset.skipped)} unreadable skipped)' if dataset.skipped else ''}, "
           f"{config.granularity} weights, {config.activation_dtype} activations, {seconds:.1f} s")
+    for step in ("equalize", "adaround", "bias_correction"):
+        if step in meta:
+            print(f"  {step.replace('_', ' ')}: " + ", ".join(f"{k} {v}" for k, v in meta[step].items()))
     print(f"  wrote {out}, {out.with_suffix('.safetensors')}, {out.with_suffix('.onnx')} (QDQ)")
     return 0

@@ -36,6 +36,17 @@ class QuantConfig:
         "help": "names of compute nodes whose weights get per-channel scales when granularity is per-tensor"})
     calibration_engine: str = field(default="ort", metadata={
         "help": "who runs the float graph during calibration: ort (ONNX Runtime, fast) or npuforge"})
+    equalize: bool = field(default=False, metadata={
+        "help": "cross-layer equalization of consecutive Conv/Gemm layers before calibration (for per-tensor "
+                "weights)"})
+    bias_correction: bool = field(default=False, metadata={
+        "help": "empirical bias correction: remove each layer's mean output shift caused by quantization, "
+                "measured on the calibration data"})
+    adaround: bool = field(default=False, metadata={
+        "help": "AdaRound: learn each weight's rounding (up or down) layer by layer on the calibration data"})
+    adaround_iters: int = field(default=300, metadata={"help": "AdaRound optimisation steps per layer"})
+    adaround_cache: str = field(default="", metadata={
+        "help": "folder where AdaRound saves each layer's rounding as it is learnt; a rerun reuses them (resume)"})
     strict: bool = field(default=False, metadata={
         "help": "an op with no quantization rule is an error instead of a warning (it is kept in float)"})
 

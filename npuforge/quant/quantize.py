@@ -16,6 +16,7 @@ policy). Shape arithmetic stays as it is.
 from __future__ import annotations
 
 import copy
+import time
 import warnings
 from dataclasses import dataclass, field
 
@@ -25,8 +26,11 @@ import torch
 from ..errors import NpuforgeError
 from ..ir import dtypes
 from ..ops.registry import get_op
-from .calibrate import calibrate
+from .adaround import adaround
+from .bias_correction import correct_bias
+from .calibrate import as_feeds, calibrate
 from .config import QuantConfig
+from .equalize import equalize
 from .params import QParams, QRANGES, from_range, weight_params
 from .requant import quantize_multiplier
 
@@ -224,17 +228,32 @@ def _as_graph(model, optimize: bool):
     return copy.deepcopy(graph)
 
 
-def quantize(model, data, config=None, *, optimize: bool = True, progress=None, log=None):
+def _step(steps: dict, name: str, layer_progress, fn, *args, **kwargs) -> None:
+    """Run one of equalize / adaround / bias_correction, timed, its report kept under ``name``."""
+    if layer_progress is not None and name != "equalize":
+        kwargs["progress"] = lambda done, total: layer_progress(name.replace("_", " "), done, total)
+    start = time.perf_counter()
+    steps[name] = fn(*args, **kwargs)
+    steps[name]["seconds"] = round(time.perf_counter() - start, 2)
+
+
+def quantize(model, data, config=None, *, optimize: bool = True, progress=None, log=None, layer_progress=None):
     """Calibrate on ``data`` (an iterable of input batches, arrays or {name: array})
     and quantize: ``model`` (Graph or path) -> a new quantized Graph.
 
     The graph is first optimized with the default pass pipeline (BatchNorm
     folding, Pad folding, activation fusion...) unless ``optimize=False``.
     ``config``: a QuantConfig or a dict of its fields. ``progress(images)`` is
-    called after each batch; ``log(message)`` receives warnings (default: warnings.warn).
+    called after each calibration batch, ``layer_progress(step, done, total)`` after each layer
+    of AdaRound and bias correction; ``log(message)`` receives warnings (default: warnings.warn).
     """
     graph = _as_graph(model, optimize)
     config = config if isinstance(config, QuantConfig) else QuantConfig.from_dict(dict(config or {}))
+    steps = {}
+    if config.equalize:
+        _step(steps, "equalize", None, equalize, graph)
+    if config.bias_correction or config.adaround:
+        data = [as_feeds(graph, batch) for batch in data]  # read again after calibration
     plan = make_plan(graph, config)
     for node, reason in plan.kept_float:
         msg = f"node '{node.name}' ({node.op}) kept in float: {reason}"
@@ -248,12 +267,19 @@ def quantize(model, data, config=None, *, optimize: bool = True, progress=None, 
         kind = plan.kinds.get(node.name)
         if kind:
             _quantize_node(graph, node, kind, config)
+    compute = {name for name, kind in plan.kinds.items() if kind == "compute"}
+    if config.adaround:
+        _step(steps, "adaround", layer_progress, adaround, graph, data, compute, iterations=config.adaround_iters,
+              cache_dir=config.adaround_cache or None)
+    if config.bias_correction:
+        _step(steps, "bias_correction", layer_progress, correct_bias, graph, data, compute)
     graph.metadata["quantization"] = {
         "config": config.to_dict(),
         "calibration_images": images,
         "calibration_seconds": round(seconds, 3),
         "quantized_nodes": len(plan.kinds),
         "float_nodes": [n.name for n, _ in plan.kept_float],
+        **{step: {k: v for k, v in report.items() if not isinstance(v, list)} for step, report in steps.items()},
     }
     graph.check()
     return graph

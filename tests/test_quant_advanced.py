@@ -1,0 +1,217 @@
+"""Cross-layer equalization, bias correction and AdaRound on small depthwise-separable
+networks: exactness of the rewrites, their effect on the quantization error, the
+per-channel Clip bounds they create (float, ONNX Runtime, integer simulator), seeding
+and resuming."""
+
+import copy
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import npuforge
+from npuforge.errors import CheckError
+from npuforge.export import to_onnx, to_qdq_onnx
+from npuforge.passes import optimize
+from npuforge.quant.equalize import equalize, find_pairs
+from npuforge.sim.fake_quant import run_fake_quant
+from npuforge.sim.integer import IntegerSimulator
+
+
+class Separable(torch.nn.Module):
+    """stem conv -> ReLU6 -> depthwise -> ReLU6 -> pointwise -> ReLU -> GAP -> Linear, with
+    channel ranges spread over orders of magnitude, as trained depthwise layers have."""
+
+    def __init__(self, seed: int, act=torch.nn.ReLU6):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), act())
+        self.dw = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.BatchNorm2d(16),
+                                      act())
+        self.pw = torch.nn.Sequential(torch.nn.Conv2d(16, 24, 1), torch.nn.ReLU())
+        self.pool = torch.nn.Sequential(torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten())
+        self.fc = torch.nn.Linear(24, 10)
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, torch.nn.BatchNorm2d):
+                    m.weight.copy_(10 ** (torch.rand(m.num_features, generator=g) * 3 - 1.5))
+                    m.bias.copy_(torch.rand(m.num_features, generator=g) * 0.5)
+                    m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+                    m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+
+    def forward(self, x):
+        return self.fc(self.pool(self.pw(self.dw(self.stem(x)))))
+
+
+def graph_of(seed: int, act=torch.nn.ReLU6):
+    torch.manual_seed(seed)
+    return optimize(npuforge.from_torch(Separable(seed, act).eval(), torch.zeros(1, 3, 12, 12)))[0]
+
+
+def data(seed: int, n: int = 4, batch: int = 8):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((batch, 3, 12, 12)).astype(np.float32) for _ in range(n)]
+
+
+def run(g, x):
+    return g.run({g.inputs[0]: x})[g.outputs[0]]
+
+
+def sqnr(ref, out) -> float:
+    return float(10 * np.log10((ref ** 2).sum() / ((ref - out) ** 2).sum()))
+
+
+# -- cross-layer equalization -------------------------------------------------------------
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 10_000), act=st.sampled_from([torch.nn.ReLU6, torch.nn.ReLU, torch.nn.Identity]))
+def test_equalization_keeps_the_float_function_and_matches_channel_ranges(seed, act):
+    g = graph_of(seed, act)
+    e = copy.deepcopy(g)
+    report = equalize(e)
+    e.check()
+    assert report["pairs"] == 3  # stem-dw, dw-pw, pw-(GlobalAveragePool, Flatten)-fc
+    x = data(seed + 1, 1)[0]
+    ref = run(g, x)
+    np.testing.assert_allclose(run(e, x), ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+    assert report["range_spread_after"] < report["range_spread_before"]
+    for pair in find_pairs(e)[0]:  # each pair's two sides now have equal per-channel ranges (last pass within 2%)
+        w1 = e.values[pair.first.inputs[1]].data
+        r1 = np.abs(w1.reshape(w1.shape[0], -1) if pair.first.op == "Conv" else w1).max(axis=1)
+        w2 = e.values[pair.second.inputs[1]].data
+        r2 = np.abs(w2).max(axis=(1, 2, 3)) if pair.second.attrs.get("group", 1) > 1 else \
+            np.abs(w2.reshape(w2.shape[0], w2.shape[1], -1) if pair.second.op == "Conv" else w2).max(
+                axis=(0, 2) if pair.second.op == "Conv" else 0)
+        np.testing.assert_allclose(r1, r2, rtol=0.02)
+
+
+def test_relu6_bounds_become_per_channel_and_run_everywhere_alike():
+    g = graph_of(3)
+    e = copy.deepcopy(g)
+    equalize(e)
+    stem = e.nodes[0]
+    lo, hi = stem.attrs["activation_params"]
+    assert lo == 0.0 and isinstance(hi, list) and len(hi) == 16 and len(set(hi)) > 1
+    x = data(4, 1)[0]
+    sess = ort.InferenceSession(to_onnx(e).SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {e.inputs[0]: x})[0], run(e, x), rtol=1e-5, atol=1e-5)
+    bad = copy.deepcopy(e)
+    bad.nodes[0].attrs["activation_params"] = [0.0, hi[:3]]
+    with pytest.raises(CheckError, match="3 per-channel values for 16 output channels"):
+        bad.check()
+
+
+def unbalance(g, seed: int):
+    """The same function with the depthwise layer's channels scaled by 10^U(-1.5, 1.5) and the
+    pointwise layer's inputs by the inverse: what BatchNorm folding leaves in trained networks."""
+    g = copy.deepcopy(g)
+    dw = next(n for n in g.nodes if n.op == "Conv" and n.attrs["group"] > 1)
+    pw = next(n for n in g.nodes if n.inputs[0] == dw.outputs[0])
+    c = 10 ** np.random.default_rng(seed).uniform(-1.5, 1.5, 16).astype(np.float32)
+    for name, shape in ((dw.inputs[1], (-1, 1, 1, 1)), (dw.inputs[2], (-1,))):
+        g.values[name].data = g.values[name].data * c.reshape(shape)
+    g.values[pw.inputs[1]].data = g.values[pw.inputs[1]].data / c.reshape(1, -1, 1, 1)
+    return g
+
+
+def test_equalization_is_what_per_tensor_weights_need():
+    balanced = graph_of(7, torch.nn.ReLU)
+    g = unbalance(balanced, 7)
+    calib, x = data(8), data(9, 1)[0]
+    ref = run(g, x)
+    np.testing.assert_allclose(ref, run(balanced, x), rtol=1e-4, atol=1e-5)
+    config = {"granularity": "per-tensor", "weight_method": "minmax", "int16": g.outputs}  # fine output steps
+    plain = npuforge.quantize(g, calib, config)
+    equal = npuforge.quantize(g, calib, {**config, "equalize": True})
+    fq = lambda q: run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]  # noqa: E731
+    assert sqnr(ref, fq(equal)) > sqnr(ref, fq(plain)) + 6  # at least 4x less error energy
+    assert equal.metadata["quantization"]["equalize"]["pairs"] == 3
+
+
+@pytest.mark.parametrize("rounding", ["onnx", "fixedpoint"])
+def test_integer_simulator_applies_per_channel_clip_bounds(rounding):
+    g = graph_of(11)
+    q = npuforge.quantize(g, data(12), {"granularity": "per-tensor", "equalize": True})
+    assert any(isinstance(n.attrs.get("activation_params", [None])[-1], list) for n in q.nodes)
+    x = data(13, 1)[0]
+    sim = IntegerSimulator(q, rounding=rounding)
+    out = sim.run({q.inputs[0]: x})[q.outputs[0]]
+    fq = run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]
+    step = float(q.values[q.outputs[0]].quant.scale)
+    assert np.abs(out - fq).max() <= 3 * step
+    # ... and so does the QDQ export (per-channel bounds as Max / Min) in ONNX Runtime, fusions off
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(to_qdq_onnx(q).SerializeToString(), options, providers=["CPUExecutionProvider"])
+    assert np.abs(sess.run(None, {q.inputs[0]: x})[0] - fq).max() <= 2 * step
+
+
+# -- bias correction ------------------------------------------------------------------------
+
+def test_bias_correction_removes_the_mean_output_shift():
+    g = graph_of(21)
+    calib = data(22, n=6)
+    config = {"granularity": "per-tensor", "weight_method": "minmax"}
+    plain = npuforge.quantize(g, calib, config)
+    fixed = npuforge.quantize(g, calib, {**config, "bias_correction": True})
+    report = fixed.metadata["quantization"]["bias_correction"]
+    assert report["corrected"] == 4 and report["mean_abs_shift"] > 0
+    x = np.concatenate(calib)
+    ref = run(g, x)
+
+    def shift(q):
+        out = run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]
+        return float(np.abs((out - ref).mean(axis=0)).mean())
+
+    assert shift(fixed) < 0.5 * shift(plain)
+    for n in fixed.nodes:  # the int32 bias follows the corrected float bias
+        if "bias" in n.quant:
+            b = fixed.values[n.inputs[2]]
+            np.testing.assert_array_equal(fixed.values[n.quant["bias"]].data, b.quant.quantize(b.data))
+
+
+# -- AdaRound -----------------------------------------------------------------------------
+
+def layer_errors(g, q, calib):
+    """Per compute layer: squared error of its output with quantized weights, on float inputs."""
+    from npuforge.sim.float_exec import execute
+
+    x = np.concatenate(calib)
+    outs = [n.outputs[0] for n in q.nodes if "weight" in n.quant]
+    ref = execute(g, {g.inputs[0]: x}, outs)
+    got = execute(q, {q.inputs[0]: x}, outs, const_hook=lambda v, t: torch.from_numpy(
+        v.quant.dequantize(v.quant.quantize(v.data))) if v.quant is not None else t)
+    return {o: float(((ref[o] - got[o]) ** 2).sum()) for o in outs}
+
+
+def test_adaround_learns_rounding_on_the_grid_seeded_and_resumable(tmp_path):
+    g = graph_of(31)
+    calib = data(32, n=4)
+    config = {"granularity": "per-tensor", "weight_method": "minmax"}
+    nearest = npuforge.quantize(g, calib, config)
+    opts = {**config, "adaround": True, "adaround_iters": 150, "adaround_cache": str(tmp_path / "cache")}
+    learnt = npuforge.quantize(g, calib, opts)
+    report = learnt.metadata["quantization"]["adaround"]
+    assert report["layers"] == 4 and report["reused"] == 0 and 0 < report["flipped_share"] < 0.5
+    for n in learnt.nodes:
+        if "weight" in n.quant:  # float weights lie on the grid of their int8 constant
+            w = learnt.values[n.inputs[1]]
+            np.testing.assert_array_equal(w.quant.quantize(w.data), learnt.values[n.quant["weight"]].data)
+    # the whole network tracks float better than with nearest rounding
+    x = np.concatenate(data(33, n=2))
+    ref = run(g, x)
+    fq = lambda q: run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]  # noqa: E731
+    assert sqnr(ref, fq(learnt)) > sqnr(ref, fq(nearest))
+    # resumed from the cache: every layer reused, the same weights
+    again = npuforge.quantize(g, calib, opts)
+    assert again.metadata["quantization"]["adaround"]["reused"] == 4
+    for n in learnt.nodes:
+        if "weight" in n.quant:
+            np.testing.assert_array_equal(again.values[n.quant["weight"]].data, learnt.values[n.quant["weight"]].data)
+    # seeded: without the cache the same rounding is learnt again
+    fresh = npuforge.quantize(g, calib, {**opts, "adaround_cache": ""})
+    for n in learnt.nodes:
+        if "weight" in n.quant:
+            np.testing.assert_array_equal(fresh.values[n.quant["weight"]].data, learnt.values[n.quant["weight"]].data)
