@@ -122,12 +122,21 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
         "details": {layer.node: {
             "histogram": _histogram(cal, layer.output, qgraph.values[layer.output].quant)
             if layer.output in cal.observed else None,
-            "weights": layer.weights} for layer in worst},
+            "weights": layer.weights, "weight_clip": _weight_clip(qgraph, layer.node, config)} for layer in worst},
         "evaluations": ev.runs,
         "timings": timings,
     }
     result["seconds"] = round(time.perf_counter() - t0, 1)
     return result, best
+
+
+def _weight_clip(qgraph, node_name: str, config: QuantConfig) -> float | None:
+    """The per-tensor weight range the quantizer chose (after mse clipping); None per channel."""
+    node = next(n for n in qgraph.nodes if n.name == node_name)
+    if len(node.inputs) < 2 or not node.inputs[1] or qgraph.values[node.inputs[1]].quant is None:
+        return None
+    p = qgraph.values[node.inputs[1]].quant
+    return None if p.axis is not None else float(p.scale) * (63 if config.reduce_range else 127)
 
 
 def _layer_dict(layer) -> dict:

@@ -114,8 +114,8 @@ def render(result: dict) -> str:
         parts.append(f"<h3>#{x['rank']} {escape(name)} ({escape(x['op'])})</h3><div class=\"grid\">")
         w = d.get("weights")
         if w:
-            clip = max(max(abs(v) for v in w["min"]), max(abs(v) for v in w["max"]))
-            parts.append(svg.weight_ranges(w["min"], w["max"], clip, f"weights per output channel: {name}"))
+            parts.append(svg.weight_ranges(w["min"], w["max"], d.get("weight_clip"),
+                                           f"weights per output channel: {name}"))
         if d.get("histogram"):
             parts.append(svg.histogram(d["histogram"], f"output activation: {name}"))
         parts.append("</div>")

@@ -151,7 +151,8 @@ def weight_ranges(mins: list[float], maxs: list[float], clip: float | None, titl
         for v in (clip, -clip):
             body.append(f'<line x1="{L}" x2="{W - R}" y1="{f.y(v):.1f}" y2="{f.y(v):.1f}" stroke="{COLORS[1]}" '
                         f'stroke-dasharray="5,3"/>')
-        body += _legend(["channel min..max", "per-tensor int8 range"])
+    body += _legend(["channel min..max"] + ([f"per-tensor int8 weight range +-{clip:.3g} (as quantized)"]
+                                            if clip else []))
     return _svg(body, title=title)
 
 
