@@ -100,6 +100,23 @@ def test_corrupt_calibration_image_is_skipped(capsys, tiny_model, images, tmp_pa
     assert summary["skipped_images"] == 1 and summary["calibration_images"] == 6
 
 
+def test_equalize_bias_correction_adaround_flags_and_resume(capsys, tiny_model, images, tmp_path):
+    out = tmp_path / "q.nfir"
+    argv = ["quantize", tiny_model, "--calib", images, "--num-calib", 6, "-o", out, "--granularity", "per-tensor",
+            "--equalize", "--bias-correction", "--adaround", "--adaround-iters", 5]
+    code, stdout, _ = run(capsys, *argv, "--json")
+    assert code == 0
+    summary = json.loads(stdout)
+    assert summary["equalize"]["pairs"] == 1  # conv -> ReLU6 -> pool -> flatten -> linear
+    assert summary["adaround"]["layers"] == 2 and summary["adaround"]["reused"] == 0
+    assert summary["bias_correction"]["corrected"] == 2
+    assert len(list(out.with_suffix(".adaround").iterdir())) == 2  # one file per learnt layer
+    code, stdout, _ = run(capsys, *argv)  # again: AdaRound resumes from its cache
+    assert code == 0 and "reused 2" in stdout and "equalize: pairs 1" in stdout
+    code, _, err = run(capsys, *argv[:-1], 0)
+    one_line_error(code, err, "adaround_iters=0")
+
+
 @pytest.mark.slow
 def test_efficientnet_lite0_per_channel_accuracy_cost(imagenet_sample, capsys, tmp_path):
     """The issue's protocol: calibrate on the first 100 images (file order), evaluate on the other 400."""

@@ -60,6 +60,8 @@ class QuantConfig:
             raise NpuforgeError(f"quantization option percentile={self.percentile}: give a value in (50, 100]")
         if self.bins < 256 or self.bins & (self.bins - 1):
             raise NpuforgeError(f"quantization option bins={self.bins}: give a power of two >= 256")
+        if self.adaround_iters < 1:
+            raise NpuforgeError(f"quantization option adaround_iters={self.adaround_iters}: give at least 1")
         self.int16, self.keep_float, self.per_channel = list(self.int16), list(self.keep_float), list(self.per_channel)
 
     @property
