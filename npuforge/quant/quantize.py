@@ -32,7 +32,7 @@ from .calibrate import as_feeds, calibrate
 from .config import QuantConfig
 from .equalize import equalize
 from .params import QParams, QRANGES, from_range, weight_params
-from .requant import quantize_multiplier
+from .requant import activation_code_bounds, quantize_multiplier
 
 QUANTIZED_KINDS = ("compute", "matmul", "elementwise", "pool", "lut", "passthrough", "concat")
 
@@ -179,6 +179,10 @@ def _quantize_compute(graph, node, config: QuantConfig) -> None:
         b.quant = QParams("int32", bias_scale, np.zeros(bias_scale.shape, np.int32), 0 if axis is not None else None)
         _add_int(graph, node, "bias", b.quant.quantize(b.data))
     _requant(graph, node, "", in_scale * wp.scale.astype(np.float64) / out_scale)
+    if node.attrs.get("activation") in ("Relu", "Clip") and not y.quant.per_channel:
+        lo, hi = activation_code_bounds(node, y.quant)  # a fused Relu / Clip is saturation in the output's codes
+        _add_int(graph, node, "act_min", np.asarray(lo, np.int32))
+        _add_int(graph, node, "act_max", np.asarray(hi, np.int32))
 
 
 def _lut(graph, node) -> None:

@@ -251,7 +251,10 @@ class IntegerSimulator:
         if p.per_channel and node.attrs.get("activation", "") not in ("", "LeakyRelu"):
             raise UnsupportedError(f"node '{node.name}': fused {node.attrs['activation']} on a per-channel "
                                    f"quantized output")
-        return activation_code_bounds(node, p)
+        if "act_min" in node.quant:  # stored by the quantizer
+            lo, hi = (self._int(node, role).astype(np.int64) for role in ("act_min", "act_max"))
+            return tuple(int(b) if b.ndim == 0 else b for b in (lo, hi))
+        return activation_code_bounds(node, p)  # a graph quantized before the bounds were stored
 
     def _prep_compute(self, node) -> dict:
         if node.name in self._prep:
