@@ -12,7 +12,8 @@ in ONNX Runtime:
                 without VNNI these saturate 16-bit pair sums, see docs/quantization.md
   agree         exact top-1 agreement with the FP32 model on the evaluation images
   quantize s    the whole quantization call (npuforge: optimize + calibrate +
-                parameters; ORT: quantize_static)
+                parameters, and equalization / AdaRound / bias correction where
+                the row names them; ORT: quantize_static)
   int8 infer s  ORT int8 inference over the evaluation images
 
     .venv/bin/python benchmarks/ptq_vs_ort.py --data ../shared/data/imagenet-sample-even
@@ -80,6 +81,9 @@ def main() -> int:
     ap.add_argument("--granularity", default="per-channel,per-tensor")
     ap.add_argument("--reduce-range", action=argparse.BooleanOptionalAction, default=True,
                     help="add per-channel minmax rows with 7-bit weights, ours and ORT's (default on)")
+    ap.add_argument("--advanced", action=argparse.BooleanOptionalAction, default=True,
+                    help="add rows with equalization, bias correction and AdaRound (default on)")
+    ap.add_argument("--adaround-iters", type=int, default=300, help="AdaRound steps per layer (default 300)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = ap.parse_args()
 
@@ -109,13 +113,16 @@ def main() -> int:
           f"{100 * (ours_fp32.argmax(1) == y_eval).mean():.2f}%", flush=True)
     rows = []
 
-    def ours(method, gran, reduce_range=False, fake_quant=False):
+    def ours(method, gran, reduce_range=False, fake_quant=False, **steps):
         start = time.perf_counter()
         q = npuforge.quantize(graph, [calib[i:i + 25] for i in range(0, len(calib), 25)],
-                              {"method": method, "granularity": gran, "reduce_range": reduce_range},
+                              {"method": method, "granularity": gran, "reduce_range": reduce_range, **steps},
                               log=lambda m: None)
         seconds = time.perf_counter() - start
-        label = f"npuforge {method} {gran}" + (" reduce-range" if reduce_range else "")
+        label = f"npuforge {method} {gran}" + (" reduce-range" if reduce_range else "") + "".join(
+            f" +{k.replace('_', '-')}" for k, v in steps.items() if v is True)
+        if "adaround_iters" in steps:
+            label += f" ({steps['adaround_iters']} iters)"
         r = evaluate(label, to_qdq_onnx(q).SerializeToString(), y_eval, fp32_top, x_eval, seconds)
         if fake_quant:
             fq = batched(lambda b: run_fake_quant(q, {q.inputs[0]: b})[q.outputs[0]], x_eval)
@@ -150,6 +157,13 @@ def main() -> int:
     if args.reduce_range:
         ours("minmax", "per-channel", reduce_range=True, fake_quant=True)
         theirs("MinMax", "per-channel", reduce_range=True)
+    if args.advanced:
+        iters = {"adaround_iters": args.adaround_iters}
+        ours("minmax", "per-tensor", equalize=True)
+        ours("minmax", "per-tensor", bias_correction=True)
+        ours("minmax", "per-tensor", equalize=True, bias_correction=True)
+        ours("minmax", "per-tensor", equalize=True, bias_correction=True, adaround=True, **iters)
+        ours("minmax", "per-channel", adaround=True, **iters)
 
     print()
     print(f"FP32 top-1 {100 * (fp32_top == y_eval).mean():.2f}% on {len(y_eval)} images "
