@@ -151,19 +151,21 @@ def main() -> int:
 
     for gran in [g for g in args.granularity.split(",") if g]:
         for method in [m for m in args.ours.split(",") if m]:
-            ours(method, gran, fake_quant=(method == "minmax" and gran == "per-channel"))
+            ours(method, gran, fake_quant=(method == "minmax" and gran == "per-channel"), equalize=False)
+        if gran == "per-tensor":
+            for method in [m for m in args.ours.split(",") if m]:
+                ours(method, gran, equalize=True)
         for method in [m for m in args.ort.split(",") if m]:
             theirs(method, gran)
     if args.reduce_range:
-        ours("minmax", "per-channel", reduce_range=True, fake_quant=True)
+        ours("minmax", "per-channel", reduce_range=True, fake_quant=True, equalize=False)
         theirs("MinMax", "per-channel", reduce_range=True)
     if args.advanced:
         iters = {"adaround_iters": args.adaround_iters}
-        ours("minmax", "per-tensor", equalize=True)
-        ours("minmax", "per-tensor", bias_correction=True)
+        ours("minmax", "per-tensor", equalize=False, bias_correction=True)
         ours("minmax", "per-tensor", equalize=True, bias_correction=True)
         ours("minmax", "per-tensor", equalize=True, bias_correction=True, adaround=True, **iters)
-        ours("minmax", "per-channel", adaround=True, **iters)
+        ours("minmax", "per-channel", equalize=False, adaround=True, **iters)
 
     print()
     print(f"FP32 top-1 {100 * (fp32_top == y_eval).mean():.2f}% on {len(y_eval)} images "

@@ -13,7 +13,11 @@ with ``h(V) = clamp(sigmoid(V) * 1.2 - 0.1, 0, 1)``, V initialised so that
 quantized network's, with every earlier layer already rounded), beta annealed
 from 20 to 2 after a 20 % warm-up, so h(V) settles at 0 or 1. Each iteration
 reads a random crop of a few random calibration images, which keeps it CPU
-friendly; the iteration count is the budget. Seeded: the same data and options
+friendly; the iteration count is the budget. The defaults (8 images, 64x64
+crops, Adam lr 0.03) were chosen on Lite0 per-tensor layers: 200 steps of them
+cut the layer's output error about as much as 600 steps on 4 images, 32x32
+crops, lr 0.01 (5-20 % below nearest rounding, up to 60 % on the first
+depthwise layer). Seeded: the same data and options
 give the same rounding. The chosen weights are written as grid values (the
 float weights then hold exactly the dequantized int8 weights) together with
 their int8 constant.
@@ -81,7 +85,7 @@ def _cache_key(node, w: np.ndarray, scale, x_q: torch.Tensor, options: dict) -> 
 
 
 def adaround(graph, feeds: list[dict], compute_nodes: set, *, iterations: int = DEFAULT_ITERATIONS,
-             images_per_step: int = 4, crop: int = 32, reg: float = 0.01, lr: float = 1e-2, seed: int = 0,
+             images_per_step: int = 8, crop: int = 64, reg: float = 0.01, lr: float = 3e-2, seed: int = 0,
              cache_dir: str | None = None, progress=None) -> dict:
     """Learn the rounding of every quantized Conv / Gemm weight in ``compute_nodes``, in
     place. -> report {layers, iterations, flipped (share of weights rounded the other
