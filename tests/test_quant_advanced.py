@@ -215,3 +215,28 @@ def test_adaround_learns_rounding_on_the_grid_seeded_and_resumable(tmp_path):
     for n in learnt.nodes:
         if "weight" in n.quant:
             np.testing.assert_array_equal(fresh.values[n.quant["weight"]].data, learnt.values[n.quant["weight"]].data)
+
+
+class Upsampler(torch.nn.Module):
+    """ConvTranspose and a MatMul with a constant weight: compute nodes with no fused activation."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.ConvTranspose2d(3, 6, 2, stride=2)
+        self.w = torch.nn.Parameter(torch.randn(16, 5) * 0.3)
+
+    def forward(self, x):
+        return torch.relu(self.up(x)).flatten(2) @ self.w
+
+
+def test_adaround_and_bias_correction_handle_conv_transpose_and_matmul():
+    torch.manual_seed(5)
+    g = optimize(npuforge.from_torch(Upsampler().eval(), torch.zeros(1, 3, 2, 2)))[0]
+    assert {"ConvTranspose", "MatMul"} <= set(g.op_histogram())
+    rng = np.random.default_rng(6)
+    calib = [rng.standard_normal((8, 3, 2, 2)).astype(np.float32) for _ in range(3)]
+    q = npuforge.quantize(g, calib, {"adaround": True, "adaround_iters": 20, "bias_correction": True})
+    meta = q.metadata["quantization"]
+    assert meta["adaround"]["layers"] == 2 and meta["bias_correction"]["corrected"] == 1  # the MatMul has no bias
+    x = calib[0]
+    assert sqnr(run(g, x), run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]) > 25

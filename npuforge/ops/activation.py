@@ -74,7 +74,7 @@ def onnx_with_fused(node) -> list:
 
 
 def apply_fused(node, y: torch.Tensor) -> torch.Tensor:
-    name, params = node.attrs["activation"], node.attrs["activation_params"]
+    name, params = node.attrs.get("activation", ""), node.attrs.get("activation_params", [])
     if name == "":
         return y
     if name == "Relu":

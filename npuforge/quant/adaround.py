@@ -52,13 +52,13 @@ def _init_v(frac: torch.Tensor) -> torch.Tensor:
     return -torch.log((ZETA - GAMMA) / (frac - GAMMA) - 1)
 
 
-def _scale_shape(node, w: np.ndarray, scale: np.ndarray) -> torch.Tensor:
-    s = torch.from_numpy(np.asarray(scale, np.float32))
+def _scale_shape(w: np.ndarray, wp) -> torch.Tensor:
+    """The weight scale shaped to broadcast over the weight (per tensor or along its axis)."""
+    s = torch.from_numpy(np.asarray(wp.scale, np.float32))
     if s.numel() == 1:
         return s.reshape(())
-    axis = 0 if node.op == "Conv" else (0 if node.attrs["transB"] else 1)
     shape = [1] * w.ndim
-    shape[axis] = -1
+    shape[wp.axis] = -1
     return s.reshape(shape)
 
 
@@ -136,7 +136,7 @@ def _learn(node, w: np.ndarray, wp, xs_f: list, xs_q: list, seed: int, options: 
     linear = without_activation(node)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    s = _scale_shape(node, w, wp.scale)
+    s = _scale_shape(w, wp)
     wt = torch.from_numpy(w)
     floor = torch.floor(wt / s)
     v = _init_v(wt / s - floor).requires_grad_(True)

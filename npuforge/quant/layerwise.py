@@ -28,7 +28,10 @@ def const_tensor(value, quantized: bool) -> torch.Tensor:
 
 
 def without_activation(node):
-    """A shallow copy of a Conv / Gemm with its fused activation removed (its pre-activation)."""
+    """A shallow copy of a Conv / Gemm with its fused activation removed (its pre-activation);
+    the node itself for ops that carry none (MatMul, ConvTranspose)."""
+    if not node.attrs.get("activation"):
+        return node
     linear = copy.copy(node)
     linear.attrs = {**node.attrs, "activation": "", "activation_params": []}
     return linear
@@ -37,7 +40,7 @@ def without_activation(node):
 def run_layerwise(graph, feeds: list[dict], nodes: set, visit, progress=None) -> None:
     """Run ``graph`` float and fake-quantized over all ``feeds`` (batches {name: array}).
 
-    For each node named in ``nodes`` (Conv / Gemm), before the quantized side
+    For each node named in ``nodes`` (quantized compute nodes), before the quantized side
     computes it, ``visit(node, xs_f, xs_q, pre_f)`` is called with the float
     and quantized inputs (tensors, constants included as the fake-quant run
     sees them) and the float pre-activation output; it may change the node's
