@@ -281,10 +281,10 @@ def test_report_renders_in_headless_chromium(net, tmp_path):
 @pytest.mark.slow
 def test_efficientnet_lite0_analysis_names_the_first_depthwise_conv(imagenet_sample, capsys):
     code, stdout, err = run(capsys, "analyze", "efficientnet_lite0", "--calib", imagenet_sample, "--data",
-                            imagenet_sample, "--num-calib", 25, "--limit", 25, "--granularity", "per-tensor",
-                            "--analysis-images", 4, "--fix-layers", 0, "--json")
+                            imagenet_sample, "--num-calib", 10, "--limit", 10, "--granularity", "per-tensor",
+                            "--analysis-images", 2, "--fix-layers", 0, "--json")
     assert code == 0, err
     result = json.loads(stdout)
-    assert result["evaluation_images"] == 25 and len(result["layers"]) == 60
+    assert result["evaluation_images"] == 10 and len(result["layers"]) == 60
     top = result["ranking"][:4]
     assert "/blocks/blocks.0/dw/conv/Conv" in top, top

@@ -67,15 +67,10 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
 
     probe = LayerProbe(qgraph)
     xa = x_eval[:analysis_images]
-    variants = {}
-    for layer in probe.layers:
-        v = {"int16": cal.value_params(layer.output, config.method, "int16", True)}
-        if layer.output in cal.observed:
-            for m in METHODS:
-                v[f"observer:{m}"] = cal.value_params(layer.output, m, config.activation_dtype, config.symmetric)
-        variants[layer.node] = v
+    wide = {layer.node: {"int16": cal.value_params(layer.output, config.method, "int16", True)}
+            for layer in probe.layers if layer.output in cal.observed}
     log(f"per-layer errors on {len(xa)} images: {len(probe.layers)} layers, cumulative and isolated")
-    probe.run(xa, variants=variants)
+    probe.run(xa, variants=wide)
     lap("layer_errors")
     float_logits = ort_logits(opt, xa)
     errors = probe.output_errors(xa, float_logits, {layer.node: (layer.node, "same") for layer in probe.layers})
@@ -89,6 +84,12 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
     log("how much of the drop the worst layers explain (kept in float)")
     explained = explain(scorer, ranked, fp32, int8)
     lap("explain")
+    # the other observers' isolated errors at the outputs of the layers the fixes are tried on
+    observers = {layer.node: {f"observer:{m}": cal.value_params(layer.output, m, config.activation_dtype,
+                                                                config.symmetric) for m in METHODS}
+                 for layer in ranked[:fix_layers] if layer.output in cal.observed}
+    if observers:
+        probe.run(xa, variants=observers, errors=False)
     fixes = []
     for layer in ranked[:fix_layers]:
         log(f"fixes for {layer.node}")

@@ -62,6 +62,15 @@ def layers_of(qgraph) -> list[Layer]:
     return out
 
 
+def fake_quant(p, t: torch.Tensor) -> torch.Tensor:
+    """``p.fake_quant(t)``; per tensor through torch's fused kernel (one pass instead of five,
+    2-3x faster). It multiplies by 1/scale where npuforge divides by scale, so an exact tie
+    can round the other way: a few elements in a million, nothing a per-layer metric sees."""
+    if p.axis is None and p.scale.ndim == 0:
+        return torch.fake_quantize_per_tensor_affine(t, float(p.scale), int(p.zero_point), p.qmin, p.qmax)
+    return p.fake_quant(t)
+
+
 def _tensor(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(a, copy=True, order="C"))
 
@@ -93,49 +102,53 @@ class LayerProbe:
             elif name in self.qconst:
                 xs.append(self.qconst[name])
             elif name in self.qact:
-                xs.append(self.qact[name].fake_quant(env[name]))
+                xs.append(fake_quant(self.qact[name], env[name]))
             else:
                 xs.append(env[name])
         return xs
 
-    def run(self, x: np.ndarray, chunk: int = 8, variants: dict | None = None, progress=None) -> None:
+    def run(self, x: np.ndarray, chunk: int = 8, variants: dict | None = None, errors: bool = True,
+            progress=None) -> None:
         """Accumulate the cumulative and isolated layer-output errors over images ``x``
         (float32 NCHW): the float and fake-quant networks run in lockstep, node by node,
         each freeing what it no longer needs. ``variants``: {node: {label: QParams}}, other
         output parameters (int16, another observer) whose isolated layer-output error is
-        measured too (``Layer.variants``)."""
+        measured too (``Layer.variants``). ``errors=False``: only the variants (the float
+        network alone runs)."""
         variants = variants or {}
-        feeds_of = lambda xb: check_feeds(self.g, {self.g.inputs[0]: xb})  # noqa: E731
         last = last_uses(self.g)
         keep = set(self.g.outputs)
         with torch.no_grad():
             for start in range(0, len(x), chunk):
                 xb = x[start:start + chunk]
-                env = feeds_of(xb)
-                q = {n: self.qact[n].fake_quant(t) if n in self.qact else t for n, t in env.items()}
+                env = check_feeds(self.g, {self.g.inputs[0]: xb})
+                q = {n: fake_quant(self.qact[n], t) if n in self.qact else t for n, t in env.items()}
                 env.update(self.fconst)
                 q.update(self.fconst)
                 q.update(self.qconst)
                 for i, node in enumerate(self.nodes):
                     ys = self._forward(node, [env[n] if n else None for n in node.inputs])
-                    qs = self._forward(node, [q[n] if n else None for n in node.inputs])
+                    qs = self._forward(node, [q[n] if n else None for n in node.inputs]) if errors else ys
                     layer = self.by_node.get(node.name)
-                    if layer is not None:
+                    todo = variants.get(node.name, {})
+                    if layer is not None and (errors or todo):
                         iso = self._forward(node, self._quantized_inputs(node, env))[0]
-                        layer.isolated.update(ys[0], self.qact[layer.output].fake_quant(iso))
-                        for label, p in variants.get(node.name, {}).items():
-                            layer.variants.setdefault(label, ErrorStats()).update(ys[0], p.fake_quant(iso))
+                        if errors:
+                            layer.isolated.update(ys[0], fake_quant(self.qact[layer.output], iso))
+                        for label, p in todo.items():
+                            layer.variants.setdefault(label, ErrorStats()).update(ys[0], fake_quant(p, iso))
                     for name, y, yq in zip(node.outputs, ys, qs):
-                        if name in self.qact:
-                            yq = self.qact[name].fake_quant(yq)
+                        if errors and name in self.qact:
+                            yq = fake_quant(self.qact[name], yq)
                         env[name], q[name] = y, yq
-                        if layer is not None and name == layer.output:
+                        if errors and layer is not None and name == layer.output:
                             layer.cumulative.update(y, yq)
                     for name in set(node.inputs):
                         if name and last.get(name) == i and name not in keep and name not in self.fconst:
                             del env[name], q[name]
-                for name in self.g.outputs:
-                    self.output_stats.update(env[name], q[name])
+                if errors:
+                    for name in self.g.outputs:
+                        self.output_stats.update(env[name], q[name])
                 if progress is not None:
                     progress(min(start + chunk, len(x)))
 

@@ -28,17 +28,20 @@ class ErrorStats:
         self.samples = 0
 
     def update(self, ref: torch.Tensor, approx: torch.Tensor) -> None:
-        r = ref.detach().double().reshape(ref.shape[0] if ref.dim() else 1, -1)
-        a = approx.detach().double().reshape(r.shape)
-        d = a - r
-        self.noise += float((d * d).sum())
-        self.signal += float((r * r).sum())
-        self.total += float(r.sum())
+        # per-image sums in the tensors' own precision (torch sums float32 pairwise), the
+        # running totals in Python floats (float64): no float64 copy of a whole activation
+        r = ref.detach().reshape(ref.shape[0] if ref.dim() else 1, -1)
+        d = approx.detach().reshape(r.shape) - r
+        noise = torch.linalg.vector_norm(d, dim=1).double() ** 2
+        rr = torch.linalg.vector_norm(r, dim=1).double() ** 2
+        rd = torch.bmm(r.unsqueeze(1), d.unsqueeze(2)).reshape(-1).double()  # one BLAS dot per image
+        ra, aa = rr + rd, rr + 2 * rd + noise  # <r, a> and |a|^2 with a = r + d
+        self.noise += float(noise.sum())
+        self.signal += float(rr.sum())
+        self.total += float(r.sum(dim=1).double().sum())
         self.count += r.numel()
-        nr, na = r.norm(dim=1), a.norm(dim=1)
-        dot = (r * a).sum(dim=1)
-        both_zero = (nr == 0) & (na == 0)
-        cos = torch.where(both_zero, torch.ones_like(dot), dot / torch.clamp(nr * na, min=1e-300))
+        both_zero = (rr == 0) & (aa == 0)
+        cos = torch.where(both_zero, torch.ones_like(ra), ra / torch.clamp((rr * aa).sqrt(), min=1e-300))
         self.cos_sum += float(cos.sum())
         self.samples += r.shape[0]
 

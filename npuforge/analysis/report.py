@@ -141,4 +141,7 @@ def write_report(result: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".html", delete=False, encoding="utf-8") as f:
         f.write(render(result))
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(f.name, 0o666 & ~mask)  # a temporary file is private; the report is an ordinary file
     os.replace(f.name, path)
