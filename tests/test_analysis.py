@@ -4,7 +4,6 @@ one badly conditioned layer, the analyze command, the HTML report (and its rende
 headless Chromium when installed), and EfficientNet-Lite0 on a few real images."""
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,7 +17,6 @@ from npuforge.analysis import analyze
 from npuforge.analysis.layers import LayerProbe
 from npuforge.analysis.metrics import ErrorStats, weight_stats
 from npuforge.analysis.report import render
-from npuforge.analysis.search import with_changes
 from npuforge.analysis.session import Calibration, Evaluator
 from npuforge.cli import main
 from npuforge.passes import optimize
