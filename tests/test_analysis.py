@@ -168,7 +168,12 @@ def test_analyze_fixes_and_search(net):
     # the returned model is the search's choice
     assert DW in best.metadata["quantization"]["config"]["keep_float"] + best.metadata["quantization"]["config"]["int16"]
     assert Evaluator(x, labels, "npuforge").top1(best) == pytest.approx(s["top1"], abs=1e-3)
+    # whole-model remedies: equalization cures the badly scaled depthwise layer per tensor
+    remedies = {r["remedy"]: r for r in result["remedies"]}
+    assert set(remedies) == {"equalize", "equalize + bias correction"}
+    assert remedies["equalize"]["delta"] > 10
     html = render(result)
+    assert "Whole-model remedies" in html
     assert "<svg" in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
     assert "https://" not in html and "<script" not in html and "<img" not in html
 
@@ -232,6 +237,7 @@ def test_analyze_command_json_report_and_model(capsys, tiny, tmp_path):
     (["--num-calib", "0"], "--num-calib 0"),
     (["--num-calib", "50"], "holds 12 images"),
     (["--target-drop", "-1"], "--target-drop -1"),
+    (["--remedies", "equalise"], "'equalise' is not one of equalize, bias_correction, adaround"),
 ])
 def test_analyze_user_errors_are_one_line(capsys, tiny, extra, fragment):
     model, images = tiny

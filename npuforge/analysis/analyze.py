@@ -5,6 +5,7 @@ and (with a target drop) the mixed-precision search. Returns one JSON-ready dict
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -34,10 +35,30 @@ def _histogram(calibration, value: str, params, bins: int = 96) -> dict:
             "min": float(h.lo), "max": float(h.hi), "clip": [clip_lo, clip_hi], "dtype": params.dtype}
 
 
+DEFAULT_REMEDIES = (("equalize",), ("equalize", "bias_correction"))
+REMEDIES = ("equalize", "bias_correction", "adaround")
+
+
+def _remedy(graph, calib_batches, config: QuantConfig, steps: tuple, ev, int8: float) -> dict:
+    """top-1 of the whole model quantized by ``npuforge.quantize`` with ``steps`` on."""
+    from ..quant import quantize
+
+    start = time.perf_counter()
+    q = quantize(graph, list(calib_batches), dataclasses.replace(config, **{s: True for s in steps}),
+                 optimize=False, log=lambda m: None)
+    top1 = ev.top1(q)
+    return {"remedy": " + ".join(s.replace("_", " ") for s in steps), "top1": round(top1, 3),
+            "delta": round(top1 - int8, 3), "seconds": round(time.perf_counter() - start, 1)}
+
+
 def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config: QuantConfig | None = None, *,
             analysis_images: int = 16, fix_layers: int = 3, target_drop: float | None = None,
-            max_layers: int = 16, engine: str = "ort", log=None, optimize: bool = True):
-    """-> (result dict, quantized graph: the search's choice with a target, else plain int8)."""
+            max_layers: int = 16, engine: str = "ort", log=None, optimize: bool = True,
+            remedies: tuple = DEFAULT_REMEDIES):
+    """-> (result dict, quantized graph: the search's choice with a target, else plain int8).
+
+    ``remedies``: whole-model steps of ``npuforge.quantize`` to measure, each a tuple of
+    QuantConfig flags (equalize, bias_correction, adaround) turned on together."""
     from ..passes import optimize as run_passes
 
     log = log or (lambda m: None)
@@ -96,6 +117,13 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
         fixes += try_fixes(scorer, layer, int8)
     lap("fixes")
 
+    remedy_rows = []
+    for steps in remedies:
+        log(f"whole-model remedy: {' + '.join(steps)}")
+        remedy_rows.append(_remedy(opt, calib_batches, config, steps, ev, int8))
+        log(f"  top-1 {remedy_rows[-1]['top1']:.2f}% ({remedy_rows[-1]['delta']:+.2f})")
+    lap("remedies")
+
     result_search = None
     best = qgraph
     if target_drop is not None:
@@ -119,6 +147,7 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
         "ranking": [layer.node for layer in ranked],
         "explained": explained,
         "fixes": fixes,
+        "remedies": remedy_rows,
         "search": result_search,
         "details": {layer.node: {
             "histogram": _histogram(cal, layer.output, qgraph.values[layer.output].quant)

@@ -46,6 +46,10 @@ def add_analyze_parser(sub) -> None:
                         "off: the fake-quant numbers up to float rounding, fast; default) or npuforge (fake-quant)")
     p.add_argument("--output", "-o", metavar="OUT.nfir", help="write the quantized model the search chose "
                                                               "(or plain int8 without --target-drop)")
+    p.add_argument("--remedies", default="equalize,equalize+bias_correction", metavar="LIST",
+                   help="whole-model steps of npuforge quantize to measure: comma-separated, each a '+'-joined "
+                        "set of equalize, bias_correction, adaround (default: equalize,equalize+bias_correction; "
+                        "'none' for none)")
     p.add_argument("--report", metavar="HTML", help="write a self-contained HTML report")
     p.add_argument("--top", type=int, default=15, metavar="N", help="rows of the ranked table (default 15)")
     p.add_argument("--preprocess", metavar="ZOO_MODEL", help="use this zoo model's preprocessing for an ONNX file")
@@ -95,6 +99,21 @@ def _check(args) -> None:
                             f"{Path(args.output).with_suffix('.nfir')}); the .onnx file is written beside it")
 
 
+def _remedies(text: str) -> tuple:
+    from .analyze import REMEDIES
+
+    if text.strip() == "none":
+        return ()
+    out = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        steps = tuple(s.strip() for s in item.split("+"))
+        bad = [s for s in steps if s not in REMEDIES]
+        if bad:
+            raise NpuforgeError(f"--remedies {text}: '{bad[0]}' is not one of {', '.join(REMEDIES)}")
+        out.append(steps)
+    return tuple(out)
+
+
 def cmd_analyze(args) -> int:
     from ..quant.config import QuantConfig
     from ..workflow import resolve_model, stderr_log, transform_of
@@ -103,6 +122,7 @@ def cmd_analyze(args) -> int:
     from .text import format_table
 
     _check(args)
+    remedies = _remedies(args.remedies)
     log = (lambda m: None) if args.quiet else stderr_log  # on stderr: --json output stays clean
     config = QuantConfig(method=args.method, granularity=args.granularity, activation_dtype=args.activation_dtype,
                          symmetric=args.symmetric)
@@ -126,7 +146,7 @@ def cmd_analyze(args) -> int:
         f"{f' (first {skip} of --data skipped)' if skip else ''}")
     result, qgraph = analyze(graph, batches, x_eval, y_eval, config, analysis_images=args.analysis_images,
                              fix_layers=args.fix_layers, target_drop=args.target_drop, max_layers=args.max_layers,
-                             engine=args.engine, log=log)
+                             engine=args.engine, log=log, remedies=remedies)
     result["model"] = args.model
     result["calib"], result["data"], result["skip"] = str(args.calib), str(args.data), skip
     if args.output:

@@ -98,6 +98,12 @@ def render(result: dict) -> str:
                             [[f["layer"], f["fix"], f"{f['top1']:.2f}%", f"{f['delta']:+.2f}"]
                              for f in result["fixes"]], left=2))
 
+    if result.get("remedies"):
+        parts.append("<h2>Whole-model remedies (equalization, bias correction, AdaRound)</h2>")
+        parts.append(_table(["remedy", "top-1", "change", "seconds"],
+                            [[r["remedy"], f"{r['top1']:.2f}%", f"{r['delta']:+.2f}", f"{r['seconds']:.1f}"]
+                             for r in result["remedies"]], left=1))
+
     if s:
         parts.append("<h2>Mixed-precision search</h2>")
         state = "reached" if s["reached"] else "not reached"

@@ -42,6 +42,11 @@ def format_table(result: dict, top: int = 15) -> str:
         for f in result["fixes"]:
             lines.append(f"  {_short(f['layer'], width):<{width}}  {f['fix']:<20}  top-1 {f['top1']:.2f}% "
                          f"({f['delta']:+.2f})")
+    if result.get("remedies"):
+        lines.append("")
+        lines.append("whole-model remedies (npuforge quantize flags):")
+        for r in result["remedies"]:
+            lines.append(f"  {r['remedy']:<40}  top-1 {r['top1']:.2f}% ({r['delta']:+.2f}), {r['seconds']:.0f} s")
     s = result.get("search")
     if s:
         lines.append("")
