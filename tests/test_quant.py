@@ -232,6 +232,9 @@ def test_op_without_rule_is_kept_float_with_warning_or_error_when_strict():
     assert q.values[q.outputs[0]].quant is None
     with pytest.raises(NpuforgeError, match=r"\(Softmax\) has no quantization rule \(strict mode\)"):
         npuforge.quantize(graph, calib, {"strict": True})
+    for option in ("keep_float", "per_channel"):
+        with pytest.raises(NpuforgeError, match=f"{option} names unknown node"):
+            npuforge.quantize(graph, calib, {option: ["no-such-node"]})
 
 
 def test_nan_activation_names_the_value():

@@ -64,9 +64,10 @@ def _is_float(graph, name: str) -> bool:
 def make_plan(graph, config: QuantConfig) -> Plan:
     plan = Plan()
     keep = set(config.keep_float)
-    unknown = keep - {n.name for n in graph.nodes}
-    if unknown:
-        raise NpuforgeError(f"keep_float names unknown node(s): {', '.join(sorted(unknown))}")
+    for option, names in (("keep_float", keep), ("per_channel", set(config.per_channel))):
+        unknown = names - {n.name for n in graph.nodes}
+        if unknown:
+            raise NpuforgeError(f"{option} names unknown node(s): {', '.join(sorted(unknown))}")
     for node in graph.nodes:
         kind = get_op(node.op).quant_kind(node, graph)
         if node.name in keep:
