@@ -1,5 +1,5 @@
-"""Post-training quantization of a graph: plan, calibrate, choose parameters,
-decide the integers.
+"""Post-training quantization of a graph: (equalize,) plan, calibrate, choose
+parameters, decide the integers (, AdaRound, bias correction).
 
 The result is the same graph with quantization parameters on its values
 (``Value.quant``) and, per quantized node, the integer constants an NPU needs
