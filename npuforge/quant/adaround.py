@@ -14,11 +14,11 @@ quantized network's, with every earlier layer already rounded), beta annealed
 from 20 to 2 after a 20 % warm-up, so h(V) settles at 0 or 1. Each iteration
 reads a random crop of a few random calibration images, which keeps it CPU
 friendly; the iteration count is the budget. The defaults (8 images, 64x64
-crops, Adam lr 0.03) were chosen on Lite0 per-tensor layers: 200 steps of them
-cut the layer's output error about as much as 600 steps on 4 images, 32x32
-crops, lr 0.01 (5-20 % below nearest rounding, up to 60 % on the first
-depthwise layer). Seeded: the same data and options
-give the same rounding. The chosen weights are written as grid values (the
+crops, Adam lr 0.03) come from a per-layer comparison on Lite0 per-tensor
+(``benchmarks/adaround_layers.py``, docs/benchmarks.md): 200 steps of them cut
+the layer's output error by 6-36 % below nearest rounding, as much as 600
+steps on 4 images, 32x32 crops, lr 0.01, except on the first depthwise layer
+(15 % against 60 %). The chosen weights are written as grid values (the
 float weights then hold exactly the dequantized int8 weights) together with
 their int8 constant.
 
