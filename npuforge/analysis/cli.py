@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from ..errors import NpuforgeError
@@ -73,20 +71,6 @@ def _load_images(dataset, transform, batch_size):
     return np.concatenate(xs), np.concatenate(ys)
 
 
-def _write_model(qgraph, out: Path) -> None:
-    from .. import save
-    from ..export import to_qdq_onnx
-
-    qdq = to_qdq_onnx(qgraph)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        staged = Path(tmp) / out.name
-        save(qgraph, staged)
-        staged.with_suffix(".onnx").write_bytes(qdq.SerializeToString())
-        for suffix in ("", ".safetensors", ".onnx"):
-            os.replace(staged.with_suffix(suffix) if suffix else staged, out.with_suffix(suffix) if suffix else out)
-
-
 def _check(args) -> None:
     for name in ("num_calib", "analysis_images", "fix_layers", "max_layers", "batch_size"):
         value = getattr(args, name)
@@ -150,7 +134,9 @@ def cmd_analyze(args) -> int:
     result["model"] = args.model
     result["calib"], result["data"], result["skip"] = str(args.calib), str(args.data), skip
     if args.output:
-        _write_model(qgraph, Path(args.output))
+        from ..quant.cli import write_quantized
+
+        write_quantized(qgraph, Path(args.output))
         result["written"] = str(args.output)
     if args.report:
         from .report import write_report

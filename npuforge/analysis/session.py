@@ -21,7 +21,7 @@ from ..errors import NpuforgeError
 from ..quant.calibrate import _ort_forward, as_feeds
 from ..quant.config import QuantConfig
 from ..quant.observers import HistogramObserver, MeanObserver
-from ..quant.quantize import _group_params, _quantize_node, make_plan
+from ..quant.quantize import apply_parameters, make_plan
 from ..sim.float_exec import execute
 
 
@@ -121,13 +121,7 @@ class Calibration:
                                 f"analyse without them")
         graph = copy.deepcopy(self.graph)
         plan = make_plan(graph, config)
-        observers = self.observers(config.method, methods)
-        for name, p in _group_params(graph, plan, observers, config).items():
-            graph.values[name].quant = p
-        for node in graph.nodes:
-            kind = plan.kinds.get(node.name)
-            if kind:
-                _quantize_node(graph, node, kind, config)
+        apply_parameters(graph, plan, self.observers(config.method, methods), config)
         graph.metadata["quantization"] = {
             "config": config.to_dict(),
             "calibration_images": self.images,

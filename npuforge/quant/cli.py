@@ -63,11 +63,26 @@ def _names(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def write_quantized(qgraph, out: Path) -> None:
+    """The quantized IR at ``out``, its weights and its QDQ ONNX file beside it. Everything is
+    written beside the target first, then renamed: a failure leaves no half-written set."""
+    from .. import save
+    from ..export import to_qdq_onnx
+
+    qdq = to_qdq_onnx(qgraph)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        staged = Path(tmp) / out.name
+        save(qgraph, staged)
+        staged.with_suffix(".onnx").write_bytes(qdq.SerializeToString())
+        for suffix in ("", ".safetensors", ".onnx"):
+            src = staged.with_suffix(suffix) if suffix else staged
+            os.replace(src, out.with_suffix(suffix) if suffix else out)
+
+
 def cmd_quantize(args) -> int:
     from tqdm import tqdm
 
-    from .. import save
-    from ..export import to_qdq_onnx
     from ..workflow import resolve_model, stderr_log, transform_of
     from ..zoo.data import ImageDataset, iter_batches
     from .quantize import quantize
@@ -113,16 +128,7 @@ def cmd_quantize(args) -> int:
         for b in [bar, *bars.values()]:
             b.close()
     seconds = time.perf_counter() - start
-    qdq = to_qdq_onnx(qgraph)
-    # write everything beside the target first, then rename: a failure leaves no half-written set
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-        staged = Path(tmp) / out.name
-        save(qgraph, staged)
-        staged.with_suffix(".onnx").write_bytes(qdq.SerializeToString())
-        for suffix in ("", ".safetensors", ".onnx"):
-            src = staged.with_suffix(suffix) if suffix else staged
-            os.replace(src, out.with_suffix(suffix) if suffix else out)
+    write_quantized(qgraph, out)
     meta = qgraph.metadata["quantization"]
     kinds: dict[str, int] = {}
     for n in qgraph.nodes:

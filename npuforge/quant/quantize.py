@@ -220,6 +220,17 @@ def _quantize_node(graph, node, kind: str, config: QuantConfig) -> None:
         _lut(graph, node)
 
 
+def apply_parameters(graph, plan: Plan, observers: dict, config: QuantConfig) -> None:
+    """Parameters on every planned value (from the observers' ranges, one set per sharing
+    group) and the integers of every quantized node, in place."""
+    for name, p in _group_params(graph, plan, observers, config).items():
+        graph.values[name].quant = p
+    for node in graph.nodes:
+        kind = plan.kinds.get(node.name)
+        if kind:
+            _quantize_node(graph, node, kind, config)
+
+
 def _as_graph(model, optimize: bool):
     from .. import load
     from ..ir.graph import Graph
@@ -266,12 +277,7 @@ def quantize(model, data, config=None, *, optimize: bool = True, progress=None, 
     observers, images, seconds = calibrate(graph, data, plan.activations, config.method, bins=config.bins,
                                            percentile=config.percentile, engine=config.calibration_engine,
                                            progress=progress)
-    for name, p in _group_params(graph, plan, observers, config).items():
-        graph.values[name].quant = p
-    for node in graph.nodes:
-        kind = plan.kinds.get(node.name)
-        if kind:
-            _quantize_node(graph, node, kind, config)
+    apply_parameters(graph, plan, observers, config)
     compute = {name for name, kind in plan.kinds.items() if kind == "compute"}
     if config.adaround:
         _step(steps, "adaround", layer_progress, adaround, graph, data, compute, iterations=config.adaround_iters,
