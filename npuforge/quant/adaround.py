@@ -79,7 +79,8 @@ def _cache_key(node, w: np.ndarray, scale, x_q: torch.Tensor, options: dict) -> 
     h.update(node.name.encode())
     h.update(np.ascontiguousarray(w).tobytes())
     h.update(np.ascontiguousarray(scale, np.float32).tobytes())
-    h.update(np.float64(x_q.double().mean()).tobytes() + np.float64(x_q.double().std()).tobytes())
+    std, mean = torch.std_mean(x_q)  # in float32: a float64 copy of all images' inputs would cost GBs
+    h.update(np.float32([mean, std]).tobytes())
     h.update(repr(sorted(options.items())).encode())
     return h.hexdigest()[:24]
 
@@ -124,7 +125,6 @@ def adaround(graph, feeds: list[dict], compute_nodes: set, *, iterations: int = 
         stats["weights"] += q.size
         wv.data = wp.dequantize(q).astype(wv.data.dtype)
         graph.values[node.quant["weight"]].data = q
-        xs_q[1] = torch.from_numpy(wv.data.copy())
 
     run_layerwise(graph, feeds, targets, visit, progress)
     return {"layers": stats["layers"], "iterations": iterations, "reused": stats["reused"],
