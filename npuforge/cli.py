@@ -70,6 +70,11 @@ def _parse_inputs(graph, specs: list[str]) -> dict:
     return feeds
 
 
+SIM_ENGINE_HELP = ("who runs the integer program: auto (default: ort where every node lowers, else plain), ort "
+                   "(lowered to one ONNX Runtime graph, proven bit-exact node by node when built; much faster) or "
+                   "plain (the reference torch simulator)")
+
+
 def cmd_run(args) -> int:
     import numpy as np
 
@@ -82,9 +87,9 @@ def cmd_run(args) -> int:
 
         results = run_fake_quant(graph, feeds)
     else:
-        from .sim.integer import IntegerSimulator
+        from .sim.lowered import make_simulator
 
-        results = IntegerSimulator(graph, args.rounding).run(feeds, dequantize=not args.codes)
+        results = make_simulator(graph, args.rounding, args.sim_engine).run(feeds, dequantize=not args.codes)
     for name, arr in results.items():
         stats = f"min {arr.min():.6g} max {arr.max():.6g}" if arr.size and arr.dtype.kind in "fiu" else ""
         print(f"{name}: {arr.dtype}{list(arr.shape)} {stats}")
@@ -141,7 +146,7 @@ def cmd_eval(args) -> int:
         forward = forward_of(graph, "ort", onnx_path=path)
     else:
         graph = resolve_model(args.model, args.preprocess, log=stderr_log)
-        forward = forward_of(graph, args.engine)
+        forward = forward_of(graph, args.engine, sim_engine=args.sim_engine)
     dataset = ImageDataset(args.data, args.class_table, limit=args.limit, skip=args.skip)
     if args.engine == "ort" and "quantization" in graph.metadata and not args.json:
         from .workflow import ORT_VNNI_NOTE, cpu_lacks_vnni
@@ -216,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounding", choices=("fixedpoint", "single", "onnx"), default="fixedpoint",
                    help="integer requantization: fixedpoint (gemmlowp/TFLite, the NPU's; default), single (the "
                         "same integers, one rounding) or onnx (float scales, round half to even, as ONNX QLinear ops)")
+    p.add_argument("--sim-engine", choices=("auto", "ort", "plain"), default="auto", help=SIM_ENGINE_HELP)
     p.add_argument("--codes", action="store_true", help="with --mode int: write the outputs' integer codes")
     p.set_defaults(func=cmd_run)
 
@@ -234,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default="npuforge", choices=("npuforge", "ort", "int"),
                    help="who computes (default npuforge); int: the integer simulator (fixed-point rounding; float "
                         "images quantized with the input's parameters, logits dequantized to float)")
+    p.add_argument("--sim-engine", choices=("auto", "ort", "plain"), default="auto",
+                   help="with --engine int: " + SIM_ENGINE_HELP)
     p.add_argument("--skip", type=int, default=0, metavar="N", help="leave out the first N images (file order)")
     p.add_argument("--limit", type=int, metavar="N", help="evaluate at most N images")
     p.add_argument("--batch-size", type=int, default=25, help="batch size (default 25)")

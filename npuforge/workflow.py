@@ -86,17 +86,18 @@ def resolve_model(spec: str, preprocess: str | None = None, log=None):
     return graph
 
 
-def forward_of(graph, engine: str = "npuforge", onnx_path: Path | None = None):
+def forward_of(graph, engine: str = "npuforge", onnx_path: Path | None = None, sim_engine: str = "auto"):
     """A batch -> logits function for the engine: npuforge (float, or fake-quant for a
-    quantized graph) or ort (ONNX Runtime on the ONNX / QDQ form)."""
+    quantized graph), ort (ONNX Runtime on the ONNX / QDQ form) or int (the integer
+    simulator, run by ``sim_engine``: see :func:`npuforge.sim.lowered.make_simulator`)."""
     from .sim.fake_quant import is_quantized, run_fake_quant
 
     if engine not in ENGINES:
         raise NpuforgeError(f"--engine {engine}: choose one of {', '.join(ENGINES)}")
     if engine == "int":  # the integer simulator (fixed-point rounding): float in, quantized, dequantized out
-        from .sim.integer import IntegerSimulator
+        from .sim.lowered import make_simulator
 
-        sim = IntegerSimulator(graph, "fixedpoint")
+        sim = make_simulator(graph, "fixedpoint", sim_engine)
         return lambda x: sim.run({graph.inputs[0]: x})[graph.outputs[0]]
     if engine == "npuforge":
         name = graph.inputs[0]

@@ -12,6 +12,7 @@ import npuforge
 from npuforge.cli import main as cli_main
 from npuforge.sim.fake_quant import run_fake_quant
 from npuforge.sim.integer import IntegerSimulator
+from npuforge.sim.lowered import LoweredSimulator
 
 pytestmark = pytest.mark.slow
 
@@ -45,3 +46,20 @@ def test_integer_agrees_with_fake_quant(quantized, imagenet_sample):
     # onnx rounding mode runs the same program with float-scale requantization
     onnx_logits = IntegerSimulator(quantized, "onnx").run({name: x[:4]})[out]
     assert (onnx_logits.argmax(1) == fake[:4].argmax(1)).mean() >= 0.75
+
+
+def test_lowered_simulator_is_bit_exact_on_lite0(quantized, imagenet_sample):
+    """The ONNX Runtime fast path computes the same codes as the plain simulator, in both
+    rounding modes, on real images (fixedpoint through the proven float formulas,
+    onnx through ONNX Runtime's own QLinear operators)."""
+    from npuforge.workflow import transform_of
+    from npuforge.zoo.data import ImageDataset, iter_batches
+
+    dataset = ImageDataset(imagenet_sample, None, limit=8, skip=100)
+    x, _, _ = next(iter_batches(dataset, transform_of(quantized.metadata["preprocess"]), 8, 2))
+    name, out = quantized.inputs[0], quantized.outputs[0]
+    for mode, form in (("fixedpoint", "float"), ("onnx", "qoperator")):
+        low = LoweredSimulator(quantized, mode)
+        assert low.form == form
+        np.testing.assert_array_equal(low.run({name: x}, dequantize=False)[out],
+                                      IntegerSimulator(quantized, mode).run({name: x}, dequantize=False)[out])

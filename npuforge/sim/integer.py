@@ -284,7 +284,7 @@ class IntegerSimulator:
         # added to the exact accumulator in int64 afterwards
         fold_bias = bias is not None and exact_float_dtype(bound + b_abs) == exact_float_dtype(bound)
         ftype = exact_float_dtype(bound + b_abs if fold_bias else bound) if self.accumulate == "auto" else None
-        prep = {"w": w, "bias": bias, "out_axis": out_axis, "ftype": ftype, "bound": bound,
+        prep = {"w": w, "bias": bias, "rows": rows, "out_axis": out_axis, "ftype": ftype, "bound": bound,
                 "fold_bias": fold_bias, "fits_int32": bound + b_abs < 2**31}
         if ftype is not None:
             prep["wf"] = torch.from_numpy(w).to(ftype)
@@ -475,6 +475,12 @@ class IntegerSimulator:
         xq, yq = self._q(node.inputs[0]), self._q(node.outputs[0])
         x = self._as_codes(node.inputs[0], env).to(torch.int64) - int(xq.zero_point)
         total, count = self._window_sums(node, x)
+        return [self._store(self.pool_output(node, total, count), yq)]
+
+    def pool_output(self, node, total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        """Output codes (int64, before saturation) of a pooling node from its window sums of
+        ``x - zp_x`` and their element counts."""
+        xq, yq = self._q(node.inputs[0]), self._q(node.outputs[0])
         zy = int(yq.zero_point)
         if self.rounding == "onnx":
             if node.op == "GlobalAveragePool" or node.op == "ReduceMean":
@@ -486,12 +492,11 @@ class IntegerSimulator:
                 # QLinearAveragePool: dequantize, average in float32, quantize
                 avg = (total.to(torch.float32) * torch.tensor(_f32(xq.scale))) / count.to(torch.float32)
                 y = torch.round(avg / torch.tensor(_f32(yq.scale))).to(torch.int64)
-            return [self._store(y + zy, yq)]
+            return y + zy
         m, s = int(self._int(node, "multiplier")[0]), int(self._int(node, "shift")[0])
         bits = _extra_bits(int(count.max()) * max_abs_code(xq), s)
         t = self._R(total << bits, m, s)
-        y = rounding_divide(t, count << bits)
-        return [self._store(y + zy, yq)]
+        return rounding_divide(t, count << bits) + zy
 
     # -- lut -------------------------------------------------------------------------------------
     def _table(self, node) -> torch.Tensor:

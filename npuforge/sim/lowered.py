@@ -1,0 +1,405 @@
+"""The integer simulator's fast path: the whole integer program as one ONNX graph of
+float operations on exact small integers, run by ONNX Runtime.
+
+Every value of the program is an integer code; here it is held, zero point
+removed (``c = q - zp``), in a float32 tensor, which represents it exactly.
+Each quantized node becomes a few standard ONNX ops whose result is *proven*
+equal, bit for bit, to :class:`~npuforge.sim.integer.IntegerSimulator` (the
+plain path, which stays the reference) before the graph is accepted:
+
+* Conv / Gemm / MatMul with a constant weight: the float kernel with the integer
+  weights and bias, exact by the accumulator bound of
+  :func:`~npuforge.sim.int_ops.exact_float_dtype` (float32 only; zero padding
+  of ``c`` is the zero point exactly); then the requantization as a short
+  formula, ``clamp(floor(acc * r + b))`` (``round`` in the ``onnx`` mode, a
+  sign-aware variant for rules that round half away from zero), in float32
+  or float64, accepted only once :func:`~npuforge.sim.monotone_fit.fit` has
+  proven it equal to the plain requantization on the whole accumulator range
+  of every channel.
+* Add / Sub / Mul of two 8-bit values: a table of all 256 x 256 results, computed
+  by the plain path itself, read with ``Gather``.
+* GlobalAveragePool / ReduceMean: an exact ``ReduceSum``, then a table over every
+  possible sum (again computed by the plain path).
+* Lookup ops: the plain path's table, read with ``Gather``.
+* Ops that only move codes (Reshape, Flatten, Transpose, MaxPool, Slice, Concat,
+  Pad with its value translated, ...): the op itself.
+
+A node with no proven lowering (int16 outputs, accumulators beyond float32's
+exact range, windowed AveragePool, fused LeakyRelu, ...) raises
+:class:`~npuforge.errors.UnsupportedError` naming it; :func:`make_simulator`
+then uses the plain path. ONNX Runtime's ``ConvAddFusion`` and ``ConvMulFusion``
+are switched off: they would fold the requantization's constants into the
+integer weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from ..errors import NpuforgeError, UnsupportedError
+from ..export.onnx_export import OPSET, _nodes_of
+from ..ops.activation import FUSED_ATTRS
+from .float_exec import check_feeds
+from .int_ops import NP_INT, TORCH_INT, max_abs_code
+from .integer import IntegerSimulator, dequantize_output, quantize_input
+from .monotone_fit import Formula, fit
+
+ENGINES = ("auto", "ort", "plain")
+MAX_TABLE = 1 << 22  # entries of a pooling table (sums of at most 16 K int8 values)
+MOVERS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Dropout", "MaxPool",
+          "Slice", "Split", "Gather", "Pad"}
+# ORT's optimizers that would fold a constant Mul / Add after a Conv into its (integer) weights
+DISABLED_OPTIMIZERS = ["ConvAddFusion", "ConvMulFusion"]
+
+
+def requant_candidates(rounding: str, m: np.ndarray | None, scale: np.ndarray | None, shift: np.ndarray | None,
+                       offset: np.ndarray, negative: bool) -> list[list[Formula]]:
+    """Formulas to try for the requantization of ``acc + offset``, cheapest first; each
+    inner list shares a structure (``offset``: the bias when the float kernel cannot
+    hold it exactly, else 0).
+
+    ``onnx``: ``round_half_even(float32(acc) * scale)``, the rule itself. ``single``:
+    ``floor(acc * m + 1/2)``. ``fixedpoint``: gemmlowp's two roundings are
+    ``floor(acc * m + 1/2 + 2^-(e+1))`` for positive results and, rounding half away
+    from zero, ``-floor(|acc| * m + 1/2 + 2^-(e+1))`` for negative ones (e = max(-shift, 0):
+    the rounding right shift's exponent; see :func:`~npuforge.sim.int_ops.requantize_fixedpoint`),
+    so outputs that can be negative take the symmetric formula. float32 first;
+    float64 (where m's 31 bits fit) when float32's 24 bits miss a step somewhere."""
+    pre = offset.astype(np.float64) if np.any(offset) else None
+    if rounding == "onnx":  # float32(acc + bias) * scale in float32, whatever the bias
+        return [[Formula(np.asarray(scale, np.float32), rnd="round", pre=pre)]]
+    out = []
+    for dtype in (np.float32, np.float64) if pre is None else (np.float64,):
+        r = m.astype(dtype)
+        if rounding == "single":
+            out.append([Formula(r, np.full(r.shape, 0.5, dtype), dtype=dtype, pre=pre)])
+            continue
+        e = np.maximum(-shift, 0)
+        half = np.where(e > 0, 0.5 ** (e + 1), 0.0)
+        out.append([Formula(r, (0.5 + half).astype(dtype), dtype=dtype, pre=pre, symmetric=negative)])
+    return out
+
+
+class _Builder:
+    """Builds the ONNX graph node by node; names are the IR's (values hold ``q - zp``)."""
+
+    def __init__(self, plain: IntegerSimulator):
+        self.plain = plain
+        self.graph = plain.graph
+        self.nodes: list = []
+        self.inits: list = []
+        self.report: dict[str, str] = {}  # node -> how it was lowered
+
+    # -- helpers ---------------------------------------------------------------------
+    def const(self, name: str, arr) -> str:
+        self.inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    def emit(self, op: str, inputs: list, output: str, **attrs) -> str:
+        self.nodes.append(helper.make_node(op, inputs, [output], name=output, **attrs))
+        return output
+
+    def refuse(self, node, why: str):
+        raise UnsupportedError(f"node '{node.name}' ({node.op}): {why}; the plain integer simulator runs it")
+
+    def activation(self, node, name: str):
+        """The quantized activation ``name`` (not a constant, 8-bit, one zero point) or a refusal."""
+        v = self.graph.values[name]
+        p = v.quant
+        if v.is_const or p is None:
+            self.refuse(node, f"input '{name}' is a constant or not quantized")
+        if p.per_channel:
+            self.refuse(node, f"'{name}' has per-channel activation parameters")
+        return p
+
+    # -- the graph -------------------------------------------------------------------------
+    def build(self):
+        g = self.graph
+        for name in g.inputs:
+            if g.values[name].quant is None:
+                raise UnsupportedError(f"graph input '{name}' is not quantized; the plain integer simulator runs it")
+        for node in g.nodes:
+            kind = self.plain._kind(node)
+            handler = getattr(self, f"_{kind}", None) if kind else None
+            if handler is None:
+                self.refuse(node, f"no lowering for a '{kind}' node" if kind else "it runs in float")
+            handler(node)
+        info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(g.values[n].shape))
+                for n in (*g.inputs, *g.outputs)]
+        graph = helper.make_graph(self.nodes, f"{g.name}-integer", info[:len(g.inputs)], info[len(g.inputs):],
+                                  self.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="npuforge")
+        model.ir_version = 10
+        return model
+
+    # -- compute ---------------------------------------------------------------------------
+    def _compute(self, node):
+        plain = self.plain
+        prep = plain._prep_compute(node)
+        xq, yq = self.activation(node, node.inputs[0]), self.activation(node, node.outputs[0])
+        if prep["ftype"] is not torch.float32:
+            self.refuse(node, f"accumulators up to {prep['bound']} are beyond float32's exact 2^24")
+        if node.op not in ("Conv", "Gemm", "MatMul") or node.attrs.get("activation") == "LeakyRelu":
+            self.refuse(node, "no lowering for this compute node")
+        w = self.const(f"{node.name}::w", prep["w"].astype(np.float32))
+        acc = f"{node.name}::acc"
+        bias = prep["bias"] if prep["fold_bias"] else None  # else in the requantization formula
+        offset = np.zeros(len(prep["rows"]), np.int64) if bias is not None or prep["bias"] is None \
+            else np.broadcast_to(prep["bias"], (len(prep["rows"]),)).astype(np.int64)
+        attrs = {k: v for k, v in node.attrs.items() if k not in FUSED_ATTRS and v is not None and v != []}
+        if node.op == "MatMul":
+            self.emit("MatMul", [node.inputs[0], w], acc if bias is None else acc + "0")
+            if bias is not None:
+                self.emit("Add", [acc + "0", self.const(f"{node.name}::b", bias.astype(np.float32))], acc)
+        else:
+            ins = [node.inputs[0], w] + ([self.const(f"{node.name}::b", bias.astype(np.float32))]
+                                         if bias is not None else [])
+            self.emit(node.op, ins, acc, **attrs)
+        channels = len(prep["rows"])
+        lo, hi = prep["bounds"]
+        zp = int(yq.zero_point)
+        lo_c = np.broadcast_to(np.asarray(lo, np.int64) - zp, (channels,))
+        hi_c = np.broadcast_to(np.asarray(hi, np.int64) - zp, (channels,))
+        b0 = np.zeros(channels, np.int64) if bias is None else np.broadcast_to(bias, (channels,))  # in acc
+        spread = prep["rows"].astype(np.int64) * max_abs_code(xq)
+
+        def exact(a: np.ndarray) -> np.ndarray:  # [C, J] accumulators -> centred output codes
+            y = plain._requant(node, torch.from_numpy(a + offset[:, None]), prep, axis=0).numpy()
+            return np.clip(y + zp, lo_c[:, None] + zp, hi_c[:, None] + zp) - zp
+
+        m = scale = shift = None
+        if plain.rounding == "onnx":
+            scale = np.broadcast_to(np.asarray(prep["scale"], np.float32), (channels,))
+        else:
+            from ..quant.requant import multiplier_value
+
+            m = np.broadcast_to(multiplier_value(prep["M"], prep["S"]), (channels,))
+            shift = np.broadcast_to(prep["S"], (channels,))
+        formula = None
+        for group in requant_candidates(plain.rounding, m, scale, shift, offset, negative=bool((lo_c < 0).any())):
+            formula = fit(exact, group, b0 - spread, b0 + spread, lo_c, hi_c)
+            if formula is not None:
+                break
+        if formula is None:
+            self.refuse(node, "no float formula proven equal to its requantization")
+        shape = [-1] + [1] * (len(self.graph.values[node.outputs[0]].shape) - 2) if node.op == "Conv" else [-1]
+        self.report[node.name] = self._formula(node, formula, acc, lo_c, hi_c, shape)
+
+    def _formula(self, node, f: Formula, acc: str, lo_c, hi_c, shape) -> str:
+        """Emit ``f`` on ``acc`` into the node's output; -> a one-line description."""
+        pre = f"{node.name}::rq"
+        k = lambda tag, arr: self.const(f"{pre}::{tag}", np.asarray(arr).reshape(shape))  # noqa: E731
+        wide = f.dtype == np.float64
+        x = acc
+        if f.pre is not None:  # exact in float64, then rounded to float32 as an int32 -> float cast is
+            x = self.emit("Add", [self.emit("Cast", [acc], f"{pre}::acc64", to=TensorProto.DOUBLE), k("pre", f.pre)],
+                          f"{pre}::biased")
+            if not wide:
+                x = self.emit("Cast", [x], f"{pre}::biased32", to=TensorProto.FLOAT)
+        sign = self.emit("Sign", [x], f"{pre}::sign") if f.symmetric else None
+        v = self.emit("Abs", [x], f"{pre}::abs") if f.symmetric else x
+        if wide and (f.pre is None or f.symmetric):
+            v = self.emit("Cast", [v], f"{pre}::x64", to=TensorProto.DOUBLE)
+        v = self.emit("Mul", [v, k("r", f.r)], f"{pre}::v")
+        vb = v if f.b is None else self.emit("Add", [v, k("b", f.b)], f"{pre}::vb")
+        t = self.emit("Round" if f.rnd == "round" else "Floor", [vb], f"{pre}::t")
+        if wide:  # integers; any beyond float32's exact range are beyond the clamp too (rounding is monotone)
+            t = self.emit("Cast", [t], f"{pre}::t32", to=TensorProto.FLOAT)
+        if sign is not None:
+            if f.pre is not None and wide:  # the sign of a float64 x
+                sign = self.emit("Cast", [sign], f"{pre}::sign32", to=TensorProto.FLOAT)
+            t = self.emit("Mul", [t, sign], f"{pre}::signed")
+        self._clamp(node, t, lo_c, hi_c, shape)
+        return f"{'float64' if wide else 'float32'} {f.rnd}{' symmetric' if f.symmetric else ''}"
+
+    def _clamp(self, node, t: str, lo_c, hi_c, shape):
+        out = node.outputs[0]
+        if (lo_c == lo_c[0]).all() and (hi_c == hi_c[0]).all():
+            self.emit("Clip", [t, self.const(f"{out}::lo", np.float32(lo_c[0])),
+                               self.const(f"{out}::hi", np.float32(hi_c[0]))], out)
+        else:
+            low = self.emit("Max", [t, self.const(f"{out}::lo", lo_c.astype(np.float32).reshape(shape))],
+                            f"{out}::low")
+            self.emit("Min", [low, self.const(f"{out}::hi", hi_c.astype(np.float32).reshape(shape))], out)
+
+    # -- tables ---------------------------------------------------------------------------
+    def _gather(self, node, index: str, table: np.ndarray, what: str):
+        """out = table[int(index)]: ``index`` a float tensor of exact non-negative integers."""
+        idx = self.emit("Cast", [index], f"{node.name}::idx", to=TensorProto.INT32)
+        tab = self.const(f"{node.name}::table", table.astype(np.float32))
+        self.emit("Gather", [tab, idx], node.outputs[0], axis=0)
+        self.report[node.name] = what
+
+    def _elementwise(self, node):
+        names = node.inputs[:2]
+        if len(set(names)) < 2 or any(f"input{k}" in node.quant for k in range(2)):
+            self.refuse(node, "an operand is a constant or both are the same value")
+        qs = [self.activation(node, n) for n in names]
+        yq = self.activation(node, node.outputs[0])
+        if any(q.dtype not in ("int8", "uint8") for q in qs):
+            self.refuse(node, "operands wider than 8 bits")
+        codes = [np.arange(q.qmin, q.qmax + 1).astype(NP_INT[q.dtype]) for q in qs]
+        env = {names[0]: torch.from_numpy(codes[0])[:, None], names[1]: torch.from_numpy(codes[1])[None, :]}
+        table = self.plain._elementwise(node, env)[0].numpy().astype(np.int64) - int(yq.zero_point)
+        n1 = len(codes[1])
+        low = [q.qmin - int(q.zero_point) for q in qs]
+        scaled = self.emit("Mul", [names[0], self.const(f"{node.name}::n1", np.float32(n1))], f"{node.name}::a")
+        summed = self.emit("Add", [scaled, names[1]], f"{node.name}::ab")
+        index = self.emit("Add", [summed, self.const(f"{node.name}::off", np.float32(-low[0] * n1 - low[1]))],
+                          f"{node.name}::ix")
+        self._gather(node, index, table.reshape(-1), f"table {table.size}")
+
+    def _pool(self, node):
+        g = self.graph
+        xq, yq = self.activation(node, node.inputs[0]), self.activation(node, node.outputs[0])
+        shape = g.values[node.inputs[0]].shape
+        if node.op == "GlobalAveragePool":
+            axes, keep = list(range(2, len(shape))), 1
+        elif node.op == "ReduceMean":
+            axes_name = node.inputs[1] if len(node.inputs) > 1 else ""
+            axes = [int(a) % len(shape) for a in np.asarray(g.values[axes_name].data).reshape(-1)] if axes_name \
+                else []
+            if not axes and node.attrs["noop_with_empty_axes"]:
+                self.refuse(node, "an empty-axes no-op")
+            axes, keep = axes or list(range(len(shape))), int(node.attrs["keepdims"])
+        else:
+            self.refuse(node, "windowed average pooling")
+        dims = [shape[a] for a in axes]
+        if not all(isinstance(d, int) for d in dims):
+            self.refuse(node, "pooling over dynamic dimensions")
+        count = int(np.prod(dims))
+        low, high = count * (xq.qmin - int(xq.zero_point)), count * (xq.qmax - int(xq.zero_point))
+        if high - low + 1 > MAX_TABLE:
+            self.refuse(node, f"{count} elements per window (table of {high - low + 1} sums)")
+        sums = torch.arange(low, high + 1, dtype=torch.int64)
+        out = self.plain.pool_output(node, sums, torch.tensor(count))
+        table = out.clamp(yq.qmin, yq.qmax).numpy() - int(yq.zero_point)
+        total = self.emit("ReduceSum", [node.inputs[0], self.const(f"{node.name}::axes", np.int64(axes))],
+                          f"{node.name}::sum", keepdims=keep)
+        index = self.emit("Add", [total, self.const(f"{node.name}::off", np.float32(-low))], f"{node.name}::ix")
+        self._gather(node, index, table, f"sum + table {table.size}")
+
+    def _lut(self, node):
+        xq, yq = self.activation(node, node.inputs[0]), self.activation(node, node.outputs[0])
+        table = self.plain._table(node).numpy() - int(yq.zero_point)
+        off = self.const(f"{node.name}::off", np.float32(int(xq.zero_point) - xq.qmin))
+        self._gather(node, self.emit("Add", [node.inputs[0], off], f"{node.name}::ix"), table, "table")
+
+    # -- moving codes ----------------------------------------------------------------------
+    def _passthrough(self, node):
+        if node.op not in MOVERS or len([o for o in node.outputs if o]) > 1 and node.op != "Split":
+            self.refuse(node, "no lowering for this op")
+        xq = self.activation(node, node.inputs[0])
+        g = self.graph
+        inputs = list(node.inputs)
+        for k, name in enumerate(inputs[1:], 1):
+            if name and not g.values[name].is_const:
+                self.refuse(node, f"input '{name}' is computed")
+            if not name:
+                continue
+            if node.op == "Pad" and k == 2:  # the pad value, as a code without its zero point
+                value = float(np.asarray(g.values[name].data).reshape(-1)[0])
+                code = int(np.clip(np.rint(np.float32(value) / np.float32(xq.scale)) + int(xq.zero_point),
+                                   xq.qmin, xq.qmax))
+                inputs[k] = self.const(f"{node.name}::value", np.float32(code - int(xq.zero_point)))
+            else:
+                self.const(f"{node.name}::{k}", np.asarray(g.values[name].data))
+                inputs[k] = f"{node.name}::{k}"
+        if node.op == "Dropout":
+            self.emit("Identity", [inputs[0]], node.outputs[0])
+        else:
+            moved = dataclasses.replace(node, inputs=inputs)
+            self.nodes.extend(_nodes_of(g, moved))
+        self.report[node.name] = "moves codes"
+
+    def _concat(self, node):
+        yq = self.activation(node, node.outputs[0])
+        for name in node.inputs:
+            if not self.activation(node, name).same_as(yq):
+                self.refuse(node, f"input '{name}' does not share the output's parameters")
+        self.nodes.extend(_nodes_of(self.graph, node))
+        self.report[node.name] = "moves codes"
+
+
+class LoweredSimulator:
+    """``LoweredSimulator(graph, rounding).run(feeds)``: the same results as
+    :class:`~npuforge.sim.integer.IntegerSimulator`, bit for bit, computed by one ONNX
+    Runtime session. In the ``onnx`` mode with uint8 activations the graph is ONNX
+    Runtime's own integer operators (:mod:`npuforge.sim.qoperator`); otherwise, or
+    where that form has no operator for a node, the float lowering above, each
+    node's requantization proven when it is built. Raises UnsupportedError naming
+    the first node neither can lower. ``form`` says which one runs, ``lowering``
+    maps each node to how."""
+
+    def __init__(self, graph, rounding: str = "fixedpoint", threads: int | None = None):
+        import onnxruntime as ort
+
+        from .qoperator import QOperatorBuilder
+
+        self.plain = IntegerSimulator(graph, rounding)
+        self.graph, self.rounding = graph, rounding
+        builder = None
+        if rounding == "onnx":
+            try:
+                builder = QOperatorBuilder(self.plain)
+                self.model, self.form = builder.build(), "qoperator"
+            except UnsupportedError:
+                builder = None
+        if builder is None:
+            builder = _Builder(self.plain)
+            self.model, self.form = builder.build(), "float"
+        self.lowering = builder.report
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(self.model.SerializeToString(), options,
+                                            providers=["CPUExecutionProvider"],
+                                            disabled_optimizers=DISABLED_OPTIMIZERS)
+
+    def run(self, feeds: dict, outputs: list[str] | None = None, dequantize: bool = True) -> dict:
+        g = self.graph
+        wanted = list(outputs or g.outputs)
+        if any(name not in g.outputs for name in wanted):
+            return self.plain.run(feeds, outputs, dequantize)  # ORT returns graph outputs only
+        codes, floats = {}, {}
+        for name, arr in feeds.items():
+            p = g.values[name].quant if name in g.values else None
+            arr = np.asarray(arr)
+            (codes if p is not None and arr.dtype == NP_INT[p.dtype] else floats)[name] = arr
+        checked = check_feeds(g, {**floats, **{n: np.zeros(a.shape, np.float32) for n, a in codes.items()}})
+        ort_feeds = {}
+        for name in g.inputs:
+            p = g.values[name].quant
+            q = codes[name] if name in codes else quantize_input(checked[name].numpy(), p)
+            ort_feeds[name] = q if self.form == "qoperator" else q.astype(np.float32) - np.float32(int(p.zero_point))
+        got = self.session.run(wanted, ort_feeds)
+        result = {}
+        for name, y in zip(wanted, got):
+            p = g.values[name].quant
+            q = y if self.form == "qoperator" else (y + np.float32(int(p.zero_point))).astype(NP_INT[p.dtype])
+            result[name] = dequantize_output(q, p) if dequantize else q
+        return result
+
+
+def make_simulator(graph, rounding: str = "fixedpoint", engine: str = "auto"):
+    """The integer simulator for ``graph``: ``ort`` the lowered ONNX Runtime path (an
+    error if some node cannot be lowered), ``plain`` the reference torch path,
+    ``auto`` the first where every node lowers, else the second."""
+    if engine not in ENGINES:
+        raise NpuforgeError(f"engine '{engine}' is not one of {', '.join(ENGINES)}")
+    if engine == "plain":
+        return IntegerSimulator(graph, rounding)
+    try:
+        return LoweredSimulator(graph, rounding)
+    except UnsupportedError:
+        if engine == "ort":
+            raise
+        return IntegerSimulator(graph, rounding)
+
+
+__all__ = ["LoweredSimulator", "make_simulator", "ENGINES", "TORCH_INT"]

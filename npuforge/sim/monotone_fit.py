@@ -1,0 +1,151 @@
+"""Proving a few float32 operations equal to an integer requantization.
+
+A requantization ``y = clamp(R(acc), lo, hi)`` (fixed point, single rounding or
+the ONNX float rule) is a nondecreasing step function of the integer
+accumulator. So is a short float32 formula such as ``floor(float32(acc) * r + b)``:
+float conversion, multiplication by r > 0, addition, floor and round-half-even
+are each monotone. Two nondecreasing integer-valued functions clamped to the
+same ``[lo, hi]`` are equal on an integer interval ``[A, B]`` exactly when they
+step up at the same places: for every level ``j`` in ``(lo, hi]`` the first
+``acc`` with ``y(acc) >= j`` (the threshold ``T_j``, found by binary search on
+the exact function) satisfies ``f(T_j) >= j`` and ``f(T_j - 1) < j`` (or
+``f(B) < j`` when ``y`` never reaches j). That is at most ``2 * (hi - lo)``
+evaluations per channel, however wide ``[A, B]`` is, and it is a proof, not a
+sample: :func:`fit` returns a formula only after this check passes for every
+channel.
+
+The formulas are evaluated here in NumPy float32 (each operation correctly
+rounded, as IEEE requires and as ONNX Runtime's elementwise kernels compute
+them) and emitted as ONNX nodes by :mod:`npuforge.sim.lowered`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_LEVELS = 4096  # int8 / uint8 outputs have 255 steps; int16 ones are left to the plain simulator
+
+
+@dataclass
+class Formula:
+    """``y = clamp(rnd(dtype(x) * r + b), lo, hi)`` with ``x = acc + pre`` (``pre`` an
+    integer offset added exactly, in float64; optional), ``rnd`` "floor" or "round"
+    (half to even), ``b`` optional. ``symmetric``: ``y = sign(x) * rnd(|x| * r + b)``,
+    for rules that round half away from zero. r, b, pre: arrays [C], one entry per
+    channel."""
+
+    r: np.ndarray
+    b: np.ndarray | None = None
+    rnd: str = "floor"
+    dtype: type = np.float32  # the float type the multiply and add run in
+    pre: np.ndarray | None = None
+    symmetric: bool = False
+
+    def evaluate(self, acc: np.ndarray, lo, hi) -> np.ndarray:
+        """acc: int64 [C, J] (row c for channel c) -> int64 [C, J], as IEEE arithmetic
+        gives it (acc itself is exact in float32: the caller proved it)."""
+        x = acc.astype(np.float32)
+        if self.pre is not None:
+            x = x.astype(np.float64) + self.pre[:, None].astype(np.float64)
+            x = x.astype(self.dtype)
+        sign = np.sign(x) if self.symmetric else None
+        v = (np.abs(x) if self.symmetric else x).astype(self.dtype) * self.r[:, None]
+        t = v + self.b[:, None] if self.b is not None else v
+        t = np.rint(t) if self.rnd == "round" else np.floor(t)
+        if sign is not None:
+            t = t.astype(np.float32) * sign.astype(np.float32)
+        return np.clip(t, lo, hi).astype(np.int64)
+
+    def steps(self, levels: np.ndarray) -> np.ndarray:
+        """Where, in real arithmetic, the formula first reaches each level: a guess of its thresholds."""
+        r = self.r[:, None].astype(np.float64)
+        b = np.zeros_like(r) if self.b is None else self.b[:, None].astype(np.float64)
+        if self.rnd == "round":
+            b = b + 0.5
+        x = np.ceil((levels - b) / r)
+        if self.symmetric:  # below zero: the first x with |x| r + b < 1 - j
+            x = np.where(levels <= 0, np.floor((levels - 1 + b) / r) + 1, x)
+        if self.pre is not None:
+            x -= self.pre[:, None]
+        return np.clip(x, -2.0**62, 2.0**62).astype(np.int64)
+
+    def take(self, other: "Formula", mask: np.ndarray) -> "Formula":
+        """This formula with the channels in ``mask`` taken from ``other`` (same structure)."""
+        def pick(x, y):
+            return None if x is None else np.where(mask, y, x).astype(x.dtype)
+
+        return dataclasses.replace(self, r=pick(self.r, other.r), b=pick(self.b, other.b),
+                                   pre=pick(self.pre, other.pre))
+
+
+def thresholds(exact, a: np.ndarray, b: np.ndarray, levels: np.ndarray, guess: np.ndarray) -> np.ndarray:
+    """T[c, j]: the first acc in [a_c, b_c] with exact(acc)[c] >= levels[c, j] (b_c + 1 if none).
+
+    ``exact(acc)`` maps an int64 array [C, J] (row c for channel c) to the clamped
+    outputs. ``guess`` (say, where a formula steps up) is checked first: where
+    ``exact(g) >= j > exact(g - 1)`` it is the threshold; elsewhere a binary search
+    over [a, b] finds it."""
+    a_, b_ = np.broadcast_to(a[:, None], levels.shape), np.broadcast_to(b[:, None], levels.shape)
+    g = np.clip(guess, a_, b_ + 1)
+    at_g = exact(np.minimum(g, b_)) >= levels
+    below = exact(np.maximum(g - 1, a_)) >= levels
+    right = (np.where(g <= b_, at_g, True)) & np.where(g > a_, ~below, True)
+    if right.all():
+        return g
+    # elsewhere search, in a window around the guess where it brackets the threshold
+    lo = np.where(right, g, np.maximum(g - 64, a_))
+    hi = np.where(right, g, np.minimum(g + 64, b_ + 1))
+    fine = (lo == a_) | (exact(np.maximum(lo - 1, a_)) < levels)
+    fine &= (hi > b_) | (exact(np.minimum(hi, b_)) >= levels)
+    lo, hi = np.where(fine, lo, a_), np.where(fine, hi, b_ + 1)
+    while True:
+        open_ = lo < hi
+        if not open_.any():
+            return lo
+        mid = np.minimum((lo + hi) // 2, b_)  # never evaluate outside [a, b]
+        ge = exact(mid) >= levels
+        hi = np.where(open_ & ge, mid, hi)
+        lo = np.where(open_ & ~ge, mid + 1, lo)
+
+
+def verify(exact, formula: Formula, a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per channel: does ``formula`` equal ``exact`` on every integer of [a_c, b_c]?
+
+    a, b, lo, hi: int64 arrays [C] (lo, hi: the clamp range of the outputs)."""
+    steps = int(np.max(hi - lo, initial=0))
+    levels = lo[:, None] + 1 + np.arange(steps)[None, :]  # [C, J]; levels above hi_c are never reached
+    guess = np.where(levels > hi[:, None], b[:, None] + 1, formula.steps(levels))  # above hi_c: never
+    t = thresholds(exact, a, b, levels, guess)
+    lo_, hi_ = lo[:, None], hi[:, None]
+    at = formula.evaluate(np.minimum(t, b[:, None]), lo_, hi_)
+    before = formula.evaluate(np.maximum(t - 1, a[:, None]), lo_, hi_)
+    inside = t <= b[:, None]
+    ok = np.where(inside, at >= levels, at < levels)  # threshold outside: f(b) < j too
+    ok &= np.where(inside & (t > a[:, None]), before < levels, True)
+    ends = np.stack([a, b], axis=1)  # and the lowest value (no level below it to test)
+    ok_ends = (formula.evaluate(ends, lo_, hi_) == exact(ends)).all(axis=1)
+    return ok.all(axis=1) & ok_ends
+
+
+def fit(exact, candidates, a, b, lo, hi) -> Formula | None:
+    """A formula proven equal to ``exact`` on every channel's [a_c, b_c], taking for each
+    channel the first of ``candidates`` (same structure, cheapest or most likely first)
+    that verifies there; None when some channel has none (or the output has more
+    than MAX_LEVELS steps: left to the plain simulator)."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    lo = np.broadcast_to(np.asarray(lo, np.int64), a.shape).copy()
+    hi = np.broadcast_to(np.asarray(hi, np.int64), a.shape).copy()
+    if int(np.max(hi - lo, initial=0)) > MAX_LEVELS:
+        return None
+    chosen, todo = None, np.ones(a.shape, bool)
+    for formula in candidates:
+        ok = verify(exact, formula, a, b, lo, hi)
+        good = ok & todo
+        chosen = formula if chosen is None else chosen.take(formula, good)
+        todo &= ~ok
+        if not todo.any():
+            return chosen
+    return None

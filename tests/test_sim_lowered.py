@@ -1,0 +1,215 @@
+"""The simulator's fast path (npuforge/sim/lowered.py, qoperator.py, monotone_fit.py)
+against the plain integer simulator, bit for bit, and the proof machinery that
+accepts or refuses a float formula for a requantization."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from npuforge.errors import UnsupportedError
+from npuforge.sim.int_ops import requantize_fixedpoint, requantize_single
+from npuforge.sim.integer import IntegerSimulator
+from npuforge.sim.lowered import LoweredSimulator, make_simulator, requant_candidates
+from npuforge.sim.monotone_fit import fit, verify
+from test_sim_integer import CONV_CASES, POOLS, binary_case, conv_case, pool_case, qp, requant_ints, G
+
+MODES = ["fixedpoint", "single", "onnx"]
+
+
+def both(g, feeds, mode):
+    """(lowered, plain) codes of every graph output, and the lowered simulator."""
+    low = LoweredSimulator(g, mode)
+    a = low.run(feeds, dequantize=False)
+    b = IntegerSimulator(g, mode).run(feeds, dequantize=False)
+    for name in g.outputs:
+        assert a[name].dtype == b[name].dtype
+        np.testing.assert_array_equal(a[name], b[name], err_msg=f"{name} ({mode}, {low.form})")
+    return low
+
+
+# -- the requantization proof ---------------------------------------------------------------
+
+
+def exact_fn(mult, shift, zp, lo, hi, rule):
+    def exact(acc):
+        y = rule(torch.from_numpy(acc), torch.from_numpy(mult[:, None]), torch.from_numpy(shift[:, None])).numpy()
+        return np.clip(y + zp, lo, hi) - zp
+    return exact
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), shift=st.integers(-14, 1), zp=st.integers(0, 255),
+       rule=st.sampled_from(["fixedpoint", "single", "onnx"]), biased=st.booleans())
+def test_fit_is_exact_on_every_accumulator(seed, shift, zp, rule, biased):
+    """A proven formula equals the integer rule on *every* accumulator of its domain
+    (checked exhaustively here, not through the proof's thresholds), with and without
+    a large bias left to the formula (float64)."""
+    rng = np.random.default_rng(seed)
+    c = 3
+    mult = rng.integers(2**30, 2**31, c).astype(np.int64)
+    shifts = np.full(c, shift, np.int64)
+    m = mult * 2.0 ** (shifts - 31)
+    scale = m.astype(np.float32)
+    # the bias left to the formula; the accumulator itself stays within float32's exact 2^24
+    offset = rng.integers(-(2**23), 2**23, c) if biased else np.zeros(c, np.int64)
+    if rule == "onnx":
+        rq = lambda acc: torch.round(acc.to(torch.float32) * torch.from_numpy(scale[:, None])).to(torch.int64)  # noqa: E731
+    else:
+        fn = requantize_fixedpoint if rule == "fixedpoint" else requantize_single
+        rq = lambda acc: fn(acc, torch.from_numpy(mult[:, None]), torch.from_numpy(shifts[:, None]))  # noqa: E731
+
+    def exact(acc):
+        return np.clip(rq(torch.from_numpy(acc + offset[:, None])).numpy() + zp, 0, 255) - zp
+
+    reach = np.minimum(300 / m, 200_000).astype(np.int64)  # every level when the domain allows
+    a, b = -reach - offset, reach - offset
+    formula = None
+    for group in requant_candidates(rule, m, scale, shifts, offset, negative=zp > 0):
+        formula = fit(exact, group, a, b, np.full(c, -zp), np.full(c, 255 - zp))
+        if formula is not None:
+            break
+    assert formula is not None
+    for i in range(c):
+        acc = np.arange(a[i], b[i] + 1)[None, :]
+        ref = exact(np.repeat(acc, c, axis=0))[i]  # row i: channel i's rule
+        np.testing.assert_array_equal(_evaluate_row(formula, i, acc, -zp, 255 - zp), ref)
+
+
+def _evaluate_row(formula, i, acc, lo, hi):
+    """Evaluate channel i's formula on the accumulators of one row."""
+    import dataclasses
+
+    row = dataclasses.replace(formula, r=formula.r[i:i + 1], b=None if formula.b is None else formula.b[i:i + 1],
+                              pre=None if formula.pre is None else formula.pre[i:i + 1])
+    return row.evaluate(acc, lo, hi)[0]
+
+
+def test_verify_refuses_a_formula_off_by_one_step():
+    """The proof is not vacuous: a formula whose offset is off by half a step fails it."""
+    mult, shifts = np.array([1518500250], np.int64), np.array([-7], np.int64)
+    exact = exact_fn(mult, shifts, 0, -128, 127, requantize_fixedpoint)
+    m = mult * 2.0 ** (shifts - 31)
+    good = requant_candidates("fixedpoint", m, None, shifts, np.zeros(1, np.int64), negative=True)[1][0]
+    a, b, lo, hi = np.array([-40000]), np.array([40000]), np.array([-128]), np.array([127])
+    assert verify(exact, good, a, b, lo, hi).all()
+    import dataclasses
+
+    shifted = dataclasses.replace(good, b=good.b + 0.5 * m.astype(good.dtype) * 0.9)
+    assert not verify(exact, shifted, a, b, lo, hi).any()
+    plain_round = dataclasses.replace(good, symmetric=False)  # ties the wrong way below zero
+    assert not verify(exact, plain_round, a, b, lo, hi).any()
+
+
+# -- whole nodes, lowered against plain -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", range(len(CONV_CASES)))
+def test_conv_lowered_equals_plain(case, mode):
+    rng = np.random.default_rng(300 + case)
+    g, x, *_ = conv_case(rng, **CONV_CASES[case])
+    low = both(g, {"x": x}, mode)
+    assert low.form == ("qoperator" if mode == "onnx" else "float")
+
+
+@pytest.mark.parametrize("act,params", [("Relu", ()), ("Clip", (0.0, 6.0)), ("Clip", (-0.5, 0.7))])
+@pytest.mark.parametrize("mode", MODES)
+def test_conv_fused_activation_lowered(act, params, mode):
+    rng = np.random.default_rng(320)
+    g, x, *_ = conv_case(rng, act=act, act_params=params)
+    both(g, {"x": x}, mode)
+
+
+def test_conv_with_a_bias_beyond_float32_goes_through_float64():
+    """A bias too large for the float32 kernel joins the requantization, added in float64."""
+    rng = np.random.default_rng(330)
+    g, x, *_ = conv_case(rng)
+    bias = g.values[g.nodes[0].quant["bias"]]
+    bias.data = (bias.data.astype(np.int64) * 20000).clip(-(2**31), 2**31 - 1).astype(np.int32)
+    for mode in MODES:
+        low = both(g, {"x": x}, mode)
+        if low.form == "float":
+            assert "float64" in low.lowering["n"]
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul"])
+@pytest.mark.parametrize("mode", MODES)
+def test_elementwise_lowered_equals_plain(op, mode):
+    rng = np.random.default_rng(340)
+    g, a, b, *_ = binary_case(rng, op, ((2, 3, 4, 5), (1, 3, 1, 5)))
+    both(g, {"a": a, "b": b}, mode)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_global_pool_lowered_and_windowed_pool_falls_back(mode):
+    rng = np.random.default_rng(350)
+    g, x, *_ = pool_case(rng, "GlobalAveragePool", (2, 5, 7, 7))
+    both(g, {"x": x}, mode)
+    g, x, *_ = pool_case(rng, "AveragePool", attrs=POOLS[0])
+    with pytest.raises(UnsupportedError, match="node 'n' \\(AveragePool\\)"):
+        LoweredSimulator(g, mode)
+    assert isinstance(make_simulator(g, mode), IntegerSimulator)
+    with pytest.raises(UnsupportedError):
+        make_simulator(g, mode, engine="ort")
+
+
+def test_lut_and_code_movers_lowered():
+    from npuforge.ir.graph import Graph, Node, Value
+
+    xp_, yp = qp("uint8", 0.06, 130), qp("uint8", 1.0 / 256, 0)
+    x = np.arange(256, dtype=np.uint8).reshape(4, 1, 8, 8)
+    table = yp.quantize(torch.sigmoid(torch.from_numpy(xp_.dequantize(np.arange(256)))).numpy())
+    g = Graph("chain")
+    g.add_value(Value("x", "float32", x.shape, quant=xp_))
+    g.inputs = ["x"]
+    for name, shape in (("s", (4, 1, 8, 8)), ("m", (4, 1, 4, 4)), ("c", (4, 2, 4, 4)), ("f", (4, 32))):
+        g.add_value(Value(name, "float32", shape, quant=yp))
+    g.add_const("lut", table)
+    pool = {"ceil_mode": 0, "dilations": [1, 1], "kernel_shape": [2, 2], "pads": [0, 0, 0, 0], "strides": [2, 2],
+            "storage_order": 0}
+    g.nodes = [Node("sig", "Sigmoid", ["x"], ["s"], {}, {"lut": "lut"}),
+               Node("pool", "MaxPool", ["s"], ["m"], pool),
+               Node("cat", "Concat", ["m", "m"], ["c"], {"axis": 1}),
+               Node("flat", "Flatten", ["c"], ["f"], {"axis": 1})]
+    g.outputs = ["f", "s"]
+    for mode in MODES:
+        both(g, {"x": x}, mode)
+
+
+def test_make_simulator_engines():
+    rng = np.random.default_rng(360)
+    g, x, *_ = conv_case(rng)
+    assert isinstance(make_simulator(g, "fixedpoint"), LoweredSimulator)
+    assert isinstance(make_simulator(g, "fixedpoint", "plain"), IntegerSimulator)
+    from npuforge.errors import NpuforgeError
+
+    with pytest.raises(NpuforgeError, match="engine 'gpu'"):
+        make_simulator(g, "fixedpoint", "gpu")
+    # float inputs are quantized and outputs dequantized as the plain path does
+    xf = g.values["x"].quant.dequantize(x)
+    np.testing.assert_array_equal(make_simulator(g).run({"x": xf})["y"], IntegerSimulator(g).run({"x": xf})["y"])
+
+
+def test_gemm_lowered_equals_plain():
+    rng = np.random.default_rng(370)
+    xp_, yp = qp("uint8", 0.02, 120), qp("uint8", 0.05, 128)
+    wq = rng.integers(-127, 128, (10, 40)).astype(np.int8)  # transB: [N, K]
+    ws = np.float32(0.004)
+    bias = rng.integers(-5000, 5000, 10).astype(np.int32)
+    x = rng.integers(0, 256, (3, 40)).astype(np.uint8)
+    b = G()
+    b.input("x", x.shape, xp_)
+    from npuforge.quant.params import QParams
+
+    b.const("w", wq.astype(np.float32) * ws, QParams("int8", np.float32(ws), np.int32(0)))
+    b.const("bias", bias.astype(np.float32) * np.float32(0.02 * ws))
+    m = 0.02 * float(ws) / 0.05
+    g = b.node("Gemm", ["x", "w", "bias"], (3, 10), yp,
+               {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 1, "activation": "", "activation_params": []},
+               {"weight": wq, "bias": bias, **requant_ints(m)})
+    for mode in MODES:
+        both(g, {"x": x}, mode)
