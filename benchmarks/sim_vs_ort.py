@@ -4,9 +4,10 @@
     .venv/bin/python benchmarks/sim_vs_ort.py QMODEL.nfir --agreement DIR [--skip 100] [--rounding MODES]
 
 Throughput (default): images/s of the integer simulator (fixedpoint and onnx
-rounding) and of an ONNX Runtime session of npuforge's QDQ export (ORT fuses it
-into its int8 kernels), same random batch, same thread count, one process,
-after one warm-up batch each; prints the table and the ratios.
+rounding; its plain torch path and its ONNX Runtime lowering) and of an ONNX
+Runtime session of npuforge's QDQ export (ORT fuses it into its int8 kernels),
+same random batch, same thread count, one process, after one warm-up batch
+each; prints the table and the ratios.
 
 --agreement DIR [--rounding fixedpoint,single,onnx]: top-1 of the integer
 simulator in each rounding mode and of fake-quant on the images of DIR (after
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import npuforge  # noqa: E402
 from npuforge.sim.integer import IntegerSimulator  # noqa: E402
+from npuforge.sim.lowered import LoweredSimulator, make_simulator  # noqa: E402
 
 
 def throughput(fn, x, batches: int) -> float:
@@ -54,9 +56,17 @@ def bench(graph, batch: int, batches: int, threads: int) -> None:
     rows = []
     ort_ips = throughput(lambda a: session.run(None, {name: a}), x, batches)
     for mode in ("fixedpoint", "onnx"):
+        start = time.perf_counter()
+        low = LoweredSimulator(graph, mode, threads)
+        built = time.perf_counter() - start
+        rows.append((f"integer simulator, `{mode}`, ONNX Runtime lowering ({low.form}; built in {built:.1f} s)",
+                     throughput(lambda a: low.run({name: a}), x, batches)))
         sim = IntegerSimulator(graph, mode)
-        rows.append((f"npuforge integer simulator ({mode})", throughput(lambda a: sim.run({name: a}), x, batches)))
+        rows.append((f"integer simulator, `{mode}`, plain torch path", throughput(lambda a: sim.run({name: a}), x,
+                                                                                    batches)))
     rows.append(("ONNX Runtime, QDQ export (int8 kernels)", ort_ips))
+    ort_ips2 = throughput(lambda a: session.run(None, {name: a}), x, batches)  # load drift over the run
+    rows.append(("ONNX Runtime, QDQ export, timed again last", ort_ips2))
     print(f"{graph.name}: batch {batch}, {batches} timed batches, {threads} threads, torch {torch.__version__}, "
           f"onnxruntime {ort.__version__}")
     print(f"| engine | images/s | vs ONNX Runtime |\n|---|---:|---:|")
@@ -72,7 +82,7 @@ def agreement(graph, data: str, skip: int, limit: int | None, batch: int, thread
     torch.set_num_threads(threads)
     dataset = ImageDataset(data, None, limit=limit, skip=skip)
     name, out = graph.inputs[0], graph.outputs[0]
-    engines = {mode: (lambda a, s=IntegerSimulator(graph, mode): s.run({name: a})[out]) for mode in modes}
+    engines = {mode: (lambda a, s=make_simulator(graph, mode): s.run({name: a})[out]) for mode in modes}
     engines["fake-quant"] = lambda a: run_fake_quant(graph, {name: a})[out]
     correct = {k: 0 for k in engines}
     agree = {k: 0 for k in modes}

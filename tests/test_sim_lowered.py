@@ -213,3 +213,31 @@ def test_gemm_lowered_equals_plain():
                {"weight": wq, "bias": bias, **requant_ints(m)})
     for mode in MODES:
         both(g, {"x": x}, mode)
+
+
+def test_cli_sim_engine(tmp_path, capsys):
+    """npuforge run --sim-engine: each engine writes the same outputs; ort on a node it
+    cannot lower is a one-line error naming the node (exit 2)."""
+    import npuforge
+    from npuforge.cli import main
+
+    rng = np.random.default_rng(380)
+    g, x, *_ = conv_case(rng)
+    npuforge.save(g, tmp_path / "q.nfir")
+    np.save(tmp_path / "x.npy", x)
+    outs = {}
+    for engine in ("auto", "ort", "plain"):
+        out = tmp_path / f"{engine}.npz"
+        assert main(["run", str(tmp_path / "q.nfir"), "--input", str(tmp_path / "x.npy"), "--mode", "int", "--codes",
+                     "--sim-engine", engine, "--output", str(out)]) == 0
+        outs[engine] = np.load(out)["y"]
+    np.testing.assert_array_equal(outs["auto"], outs["plain"])
+    np.testing.assert_array_equal(outs["ort"], outs["plain"])
+    g, x, *_ = pool_case(rng, "AveragePool", attrs=POOLS[1])
+    npuforge.save(g, tmp_path / "p.nfir")
+    np.save(tmp_path / "xp.npy", x)
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "p.nfir"), "--input", str(tmp_path / "xp.npy"), "--mode", "int",
+                 "--sim-engine", "ort"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "node 'n' (AveragePool)" in err[0] and "Traceback" not in err[0]

@@ -67,13 +67,17 @@ def requant_candidates(rounding: str, m: np.ndarray | None, scale: np.ndarray | 
     ``floor(acc * m + 1/2 + 2^-(e+1))`` for positive results and, rounding half away
     from zero, ``-floor(|acc| * m + 1/2 + 2^-(e+1))`` for negative ones (e = max(-shift, 0):
     the rounding right shift's exponent; see :func:`~npuforge.sim.int_ops.requantize_fixedpoint`),
-    so outputs that can be negative take the symmetric formula. float32 first;
-    float64 (where m's 31 bits fit) when float32's 24 bits miss a step somewhere."""
+    so outputs that can be negative take the symmetric formula. float32 first where it
+    can resolve every step; float64 (which holds m's 31 bits) otherwise or when float32
+    misses a step."""
     pre = offset.astype(np.float64) if np.any(offset) else None
     if rounding == "onnx":  # float32(acc + bias) * scale in float32, whatever the bias
         return [[Formula(np.asarray(scale, np.float32), rnd="round", pre=pre)]]
+    # float32 can only resolve every step when its rounding of acc * m (about 2^-16 near
+    # the top of a 255-step range) is far below one accumulator's worth of m; else skip it
+    dtypes = (np.float32, np.float64) if pre is None and 2.0**-16 < np.min(m) * 2.0**-6 else (np.float64,)
     out = []
-    for dtype in (np.float32, np.float64) if pre is None else (np.float64,):
+    for dtype in dtypes:
         r = m.astype(dtype)
         if rounding == "single":
             out.append([Formula(r, np.full(r.shape, 0.5, dtype), dtype=dtype, pre=pre)])
@@ -104,7 +108,7 @@ class _Builder:
         return output
 
     def refuse(self, node, why: str):
-        raise UnsupportedError(f"node '{node.name}' ({node.op}): {why}; the plain integer simulator runs it")
+        raise UnsupportedError(f"node '{node.name}' ({node.op}): {why}, so it has no ONNX Runtime lowering")
 
     def activation(self, node, name: str):
         """The quantized activation ``name`` (not a constant, 8-bit, one zero point) or a refusal."""
@@ -121,7 +125,8 @@ class _Builder:
         g = self.graph
         for name in g.inputs:
             if g.values[name].quant is None:
-                raise UnsupportedError(f"graph input '{name}' is not quantized; the plain integer simulator runs it")
+                raise UnsupportedError(f"graph input '{name}' is not quantized, so the graph has no ONNX Runtime "
+                                       f"lowering")
         for node in g.nodes:
             kind = self.plain._kind(node)
             handler = getattr(self, f"_{kind}", None) if kind else None
@@ -396,9 +401,9 @@ def make_simulator(graph, rounding: str = "fixedpoint", engine: str = "auto"):
         return IntegerSimulator(graph, rounding)
     try:
         return LoweredSimulator(graph, rounding)
-    except UnsupportedError:
+    except UnsupportedError as e:
         if engine == "ort":
-            raise
+            raise UnsupportedError(f"{e}; the plain simulator runs it (--sim-engine plain or auto)") from None
         return IntegerSimulator(graph, rounding)
 
 
