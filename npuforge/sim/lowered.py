@@ -207,7 +207,7 @@ class _Builder:
                 x = self.emit("Cast", [x], f"{pre}::biased32", to=TensorProto.FLOAT)
         sign = self.emit("Sign", [x], f"{pre}::sign") if f.symmetric else None
         v = self.emit("Abs", [x], f"{pre}::abs") if f.symmetric else x
-        if wide and (f.pre is None or f.symmetric):
+        if wide and f.pre is None:  # with pre, x is float64 already
             v = self.emit("Cast", [v], f"{pre}::x64", to=TensorProto.DOUBLE)
         v = self.emit("Mul", [v, k("r", f.r)], f"{pre}::v")
         vb = v if f.b is None else self.emit("Add", [v, k("b", f.b)], f"{pre}::vb")
