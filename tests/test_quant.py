@@ -15,7 +15,7 @@ from npuforge.export import to_qdq_onnx
 from npuforge.quant.config import QuantConfig
 from npuforge.quant.observers import HistogramObserver, make_observer
 from npuforge.quant.params import QParams, from_range, to_symmetric
-from npuforge.quant.requant import multiplier_value, quantize_multiplier
+from npuforge.quant.requant import FOLD_MAX_BITS, multiplier_value, quantize_multiplier, requant_multiplier
 from npuforge.sim.fake_quant import run_fake_quant
 
 # -- parameter math -------------------------------------------------------------------
@@ -69,6 +69,40 @@ def test_requant_multiplier_relative_error_below_2_pow_31(m):
     mult, shift = quantize_multiplier(np.array([m]))
     assert 2**30 <= int(mult[0]) < 2**31
     assert abs(multiplier_value(mult, shift)[0] - m) <= m * 2.0**-31
+
+
+@settings(max_examples=300, deadline=None)
+@given(m=st.floats(1e-9, 1e4, allow_nan=False))
+def test_stored_multiplier_folds_short_right_shifts(m):
+    """The quantizer's form: right shifts of 1..10 bits folded into the multiplier (shift 0,
+    one rounding, >= 21 bits left); other multipliers as TFLite normalizes them."""
+    norm_mult, norm_shift = quantize_multiplier(np.array([m]))
+    mult, shift = requant_multiplier(np.array([m]))
+    tm, ts = requant_multiplier(np.array([m]), tflite=True)
+    assert (int(tm[0]), int(ts[0])) == (int(norm_mult[0]), int(norm_shift[0]))
+    if -FOLD_MAX_BITS <= int(norm_shift[0]) < 0:
+        assert int(shift[0]) == 0 and 2**20 <= int(mult[0]) <= 2**30
+        assert abs(multiplier_value(mult, shift)[0] - m) <= m * 2.0**-21
+    else:
+        assert (int(mult[0]), int(shift[0])) == (int(norm_mult[0]), int(norm_shift[0]))
+
+
+def test_folded_multiplier_rounds_once():
+    """With the shift folded in, gemmlowp's fixed-point rule is single rounding: its result
+    equals round-half-up of acc * m wherever the two roundings of the TFLite form differ."""
+    import torch
+
+    from npuforge.sim.int_ops import requantize_fixedpoint
+
+    m = 0.0123  # a right shift of 6 bits in TFLite's form
+    acc = torch.arange(-20000, 20000)
+    exact = np.floor(acc.numpy() * m + 0.5)
+    mult, shift = requant_multiplier(np.array([m]))
+    folded = requantize_fixedpoint(acc, int(mult[0]), int(shift[0])).numpy()
+    tm, ts = requant_multiplier(np.array([m]), tflite=True)
+    twice = requantize_fixedpoint(acc, int(tm[0]), int(ts[0])).numpy()
+    assert (folded != exact).mean() < 1e-4
+    assert (twice != exact).mean() > 0.005  # about 2^-(6+1) of the values
 
 
 def test_requant_multiplier_zero_and_errors():

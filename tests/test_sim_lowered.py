@@ -43,15 +43,20 @@ def exact_fn(mult, shift, zp, lo, hi, rule):
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31), shift=st.integers(-14, 1), zp=st.integers(0, 255),
-       rule=st.sampled_from(["fixedpoint", "single", "onnx"]), biased=st.booleans())
-def test_fit_is_exact_on_every_accumulator(seed, shift, zp, rule, biased):
+       rule=st.sampled_from(["fixedpoint", "single", "onnx"]), biased=st.booleans(), folded=st.booleans())
+def test_fit_is_exact_on_every_accumulator(seed, shift, zp, rule, biased, folded):
     """A proven formula equals the integer rule on *every* accumulator of its domain
     (checked exhaustively here, not through the proof's thresholds), with and without
-    a large bias left to the formula (float64)."""
+    a large bias left to the formula (float64), for TFLite-normalized multipliers and
+    for the quantizer's folded ones (shift 0)."""
+    from npuforge.quant.requant import requant_multiplier
+
     rng = np.random.default_rng(seed)
     c = 3
     mult = rng.integers(2**30, 2**31, c).astype(np.int64)
     shifts = np.full(c, shift, np.int64)
+    if folded:
+        mult, shifts = (a.astype(np.int64) for a in requant_multiplier(mult * 2.0 ** (shifts - 31)))
     m = mult * 2.0 ** (shifts - 31)
     scale = m.astype(np.float32)
     # the bias left to the formula; the accumulator itself stays within float32's exact 2^24
@@ -93,7 +98,8 @@ def test_verify_refuses_a_formula_off_by_one_step():
     mult, shifts = np.array([1518500250], np.int64), np.array([-7], np.int64)
     exact = exact_fn(mult, shifts, 0, -128, 127, requantize_fixedpoint)
     m = mult * 2.0 ** (shifts - 31)
-    good = requant_candidates("fixedpoint", m, None, shifts, np.zeros(1, np.int64), negative=True)[1][0]
+    groups = requant_candidates("fixedpoint", m, None, shifts, np.zeros(1, np.int64), negative=True)
+    good = next(f for (f,) in groups if f.dtype == np.float64 and f.symmetric)
     a, b, lo, hi = np.array([-40000]), np.array([40000]), np.array([-128]), np.array([127])
     assert verify(exact, good, a, b, lo, hi).all()
     import dataclasses

@@ -35,6 +35,9 @@ def add_quantize_parser(sub) -> None:
     p.add_argument("--symmetric", action="store_true", help="symmetric activations")
     p.add_argument("--reduce-range", action="store_true",
                    help="7-bit weights, for ONNX Runtime's int8 kernels on x86 CPUs without VNNI")
+    p.add_argument("--tflite-multipliers", action="store_true",
+                   help="requantization multipliers normalized as TFLite stores them (the fixed-point rule then "
+                        "rounds twice after a right shift); default: short right shifts folded in, one rounding")
     p.add_argument("--int16", default="", metavar="NAMES", help="comma-separated values or nodes kept at int16")
     p.add_argument("--keep-float", default="", metavar="NODES", help="comma-separated nodes kept in float")
     p.add_argument("--equalize", action="store_true",
@@ -96,6 +99,7 @@ def cmd_quantize(args) -> int:
     config = QuantConfig(method=args.method, granularity=args.granularity, activation_dtype=args.activation_dtype,
                          symmetric=args.symmetric, reduce_range=args.reduce_range, int16=_names(args.int16),
                          keep_float=_names(args.keep_float), strict=args.strict, equalize=args.equalize,
+                         tflite_multipliers=args.tflite_multipliers,
                          bias_correction=args.bias_correction, adaround=args.adaround,
                          adaround_iters=args.adaround_iters,
                          adaround_cache=(args.adaround_cache or str(out.with_suffix(".adaround"))) if args.adaround

@@ -47,6 +47,10 @@ class QuantConfig:
     adaround_iters: int = field(default=300, metadata={"help": "AdaRound optimisation steps per layer"})
     adaround_cache: str = field(default="", metadata={
         "help": "folder where AdaRound saves each layer's rounding as it is learnt; a rerun reuses them (resume)"})
+    tflite_multipliers: bool = field(default=False, metadata={
+        "help": "store requantization multipliers normalized to [2^30, 2^31) as TFLite does; by default right "
+                "shifts of up to 10 bits are folded into the multiplier, so fixed-point requantization rounds "
+                "once instead of twice"})
     strict: bool = field(default=False, metadata={
         "help": "an op with no quantization rule is an error instead of a warning (it is kept in float)"})
 

@@ -32,7 +32,7 @@ from .calibrate import as_feeds, calibrate
 from .config import QuantConfig
 from .equalize import equalize
 from .params import QParams, QRANGES, from_range, weight_params
-from .requant import activation_code_bounds, quantize_multiplier
+from .requant import activation_code_bounds, requant_multiplier
 
 QUANTIZED_KINDS = ("compute", "matmul", "elementwise", "pool", "lut", "passthrough", "concat")
 
@@ -155,8 +155,8 @@ def _add_int(graph, node, role: str, data: np.ndarray) -> None:
     node.quant[role] = name
 
 
-def _requant(graph, node, role: str, m) -> None:
-    mult, shift = quantize_multiplier(np.atleast_1d(np.asarray(m, np.float64)))
+def _requant(graph, node, role: str, m, config: QuantConfig) -> None:
+    mult, shift = requant_multiplier(np.atleast_1d(np.asarray(m, np.float64)), config.tflite_multipliers)
     _add_int(graph, node, f"multiplier{role}", mult)
     _add_int(graph, node, f"shift{role}", shift)
 
@@ -179,7 +179,7 @@ def _quantize_compute(graph, node, config: QuantConfig) -> None:
         b = graph.values[node.inputs[2]]
         b.quant = QParams("int32", bias_scale, np.zeros(bias_scale.shape, np.int32), 0 if axis is not None else None)
         _add_int(graph, node, "bias", b.quant.quantize(b.data))
-    _requant(graph, node, "", in_scale * wp.scale.astype(np.float64) / out_scale)
+    _requant(graph, node, "", in_scale * wp.scale.astype(np.float64) / out_scale, config)
     if node.attrs.get("activation") in ("Relu", "Clip") and not y.quant.per_channel:
         lo, hi = activation_code_bounds(node, y.quant)  # a fused Relu / Clip is saturation in the output's codes
         _add_int(graph, node, "act_min", np.asarray(lo, np.int32))
@@ -203,19 +203,21 @@ def _quantize_node(graph, node, kind: str, config: QuantConfig) -> None:
     if kind == "compute":
         _quantize_compute(graph, node, config)
     elif kind == "matmul":
-        _requant(graph, node, "", np.float64(ins[0].scale) * np.float64(ins[1].scale) / np.float64(out.scale))
+        _requant(graph, node, "", np.float64(ins[0].scale) * np.float64(ins[1].scale) / np.float64(out.scale),
+                 config)
     elif kind == "elementwise":
         for k, name in enumerate(node.inputs):
             v = graph.values[name]
             if v.is_const:
                 _add_int(graph, node, f"input{k}", v.quant.quantize(v.data))
         if node.op == "Mul":
-            _requant(graph, node, "", np.float64(ins[0].scale) * np.float64(ins[1].scale) / np.float64(out.scale))
+            _requant(graph, node, "", np.float64(ins[0].scale) * np.float64(ins[1].scale) / np.float64(out.scale),
+                 config)
         else:
             for k in range(2):
-                _requant(graph, node, str(k), np.float64(ins[k].scale) / np.float64(out.scale))
+                _requant(graph, node, str(k), np.float64(ins[k].scale) / np.float64(out.scale), config)
     elif kind == "pool":
-        _requant(graph, node, "", np.float64(ins[0].scale) / np.float64(out.scale))
+        _requant(graph, node, "", np.float64(ins[0].scale) / np.float64(out.scale), config)
     elif kind == "lut":
         _lut(graph, node)
 

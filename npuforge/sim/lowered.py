@@ -67,9 +67,10 @@ def requant_candidates(rounding: str, m: np.ndarray | None, scale: np.ndarray | 
     ``floor(acc * m + 1/2 + 2^-(e+1))`` for positive results and, rounding half away
     from zero, ``-floor(|acc| * m + 1/2 + 2^-(e+1))`` for negative ones (e = max(-shift, 0):
     the rounding right shift's exponent; see :func:`~npuforge.sim.int_ops.requantize_fixedpoint`),
-    so outputs that can be negative take the symmetric formula. float32 first where it
-    can resolve every step; float64 (which holds m's 31 bits) otherwise or when float32
-    misses a step."""
+    so outputs that can be negative take the symmetric formula; with e = 0 (the
+    quantizer's default form) it is one rounding, ties up, and the plain formula.
+    float32 first where it can resolve every step; float64 (which holds m's 31 bits)
+    otherwise or when float32 misses a step."""
     pre = offset.astype(np.float64) if np.any(offset) else None
     if rounding == "onnx":  # float32(acc + bias) * scale in float32, whatever the bias
         return [[Formula(np.asarray(scale, np.float32), rnd="round", pre=pre)]]
@@ -83,8 +84,10 @@ def requant_candidates(rounding: str, m: np.ndarray | None, scale: np.ndarray | 
             out.append([Formula(r, np.full(r.shape, 0.5, dtype), dtype=dtype, pre=pre)])
             continue
         e = np.maximum(-shift, 0)
-        half = np.where(e > 0, 0.5 ** (e + 1), 0.0)
-        out.append([Formula(r, (0.5 + half).astype(dtype), dtype=dtype, pre=pre, symmetric=negative)])
+        b = (0.5 + np.where(e > 0, 0.5 ** (e + 1), 0.0)).astype(dtype)
+        # with no right shift there is one rounding, ties up on both sides: the plain formula
+        forms = (False, True) if not negative or not np.any(e > 0) else (True, False)
+        out += [[Formula(r, b, dtype=dtype, pre=pre, symmetric=symmetric)] for symmetric in forms[:1 + negative]]
     return out
 
 
