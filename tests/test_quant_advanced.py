@@ -217,6 +217,42 @@ def test_adaround_learns_rounding_on_the_grid_seeded_and_resumable(tmp_path):
             np.testing.assert_array_equal(fresh.values[n.quant["weight"]].data, learnt.values[n.quant["weight"]].data)
 
 
+def test_bias_correction_after_adaround_measures_against_the_float_weights():
+    """AdaRound leaves its weights on the int8 grid; the bias correction that follows must
+    still compare with the float network (the float weights), so a second pass over the
+    same images finds only the int32 bias rounding left to correct (before, it compared
+    with the rounded weights and found the weights' share of each shift)."""
+    from npuforge.ops.registry import get_op
+    from npuforge.quant.bias_correction import _channel_mean
+    from npuforge.quant.layerwise import float_data, run_layerwise, without_activation
+
+    g = graph_of(41)
+    calib = data(42, n=4)
+    q = npuforge.quantize(g, calib, {"granularity": "per-tensor", "weight_method": "minmax", "adaround": True,
+                                     "adaround_iters": 60, "bias_correction": True})
+    compute = {n.name for n in q.nodes if "weight" in n.quant}
+    feeds = [{q.inputs[0]: b} for b in calib]
+    float_out = {}
+    run_layerwise(q, feeds, compute, lambda node, xs_f, xs_q, pre_f: float_out.setdefault(node.name, pre_f))
+    last = next(n for n in reversed(q.nodes) if n.name in compute)
+    np.testing.assert_allclose(float_out[last.name].numpy(), run(g, np.concatenate(calib)), rtol=1e-4, atol=1e-5)
+    for n in q.nodes:
+        if n.name in compute:  # the grid weights and, beside them, the float ones
+            w = q.values[n.inputs[1]]
+            np.testing.assert_array_equal(w.quant.quantize(w.data), q.values[n.quant["weight"]].data)
+            assert not np.array_equal(float_data(w), w.data)
+    left = {}
+
+    def measure(node, xs_f, xs_q, pre_f):
+        if "bias" in node.quant:
+            pre_q = get_op(node.op).forward(without_activation(node), xs_q)[0]
+            left[node.name] = np.abs(_channel_mean(pre_q) - _channel_mean(pre_f)) / q.values[node.inputs[2]].quant.scale
+
+    run_layerwise(q, feeds, compute, measure)
+    # what is left is the int32 rounding of the old and the new bias: under one step each channel
+    assert len(left) == 4 and max(float(v.max()) for v in left.values()) < 1 + 1e-3
+
+
 class Upsampler(torch.nn.Module):
     """ConvTranspose and a MatMul with a constant weight: compute nodes with no fused activation."""
 

@@ -19,8 +19,11 @@ crops, Adam lr 0.03) come from a per-layer comparison on Lite0 per-tensor
 the layer's output error by 6-36 % below nearest rounding, as much as 600
 steps on 4 images, 32x32 crops, lr 0.01, except on the first depthwise layer
 (15 % against 60 %). The chosen weights are written as grid values (the
-float weights then hold exactly the dequantized int8 weights) together with
-their int8 constant.
+float weights then hold exactly the dequantized int8 weights, since every
+engine quantizes them) together with their int8 constant; the float weights are
+kept beside them in memory (``value.float_data``, see ``layerwise.float_data``)
+so that the bias correction run after AdaRound compares with the float network,
+not with one whose weights are already rounded.
 
 Resumable: with a cache folder, each layer's rounding is saved once learnt,
 keyed by the layer's weights, scale, input statistics and the options, and a
@@ -37,7 +40,7 @@ import torch
 
 from ..ops.activation import apply_fused
 from ..ops.registry import get_op
-from .layerwise import run_layerwise, without_activation
+from .layerwise import float_data, run_layerwise, without_activation
 
 ZETA, GAMMA = 1.1, -0.1
 DEFAULT_ITERATIONS = 300
@@ -102,7 +105,7 @@ def adaround(graph, feeds: list[dict], compute_nodes: set, *, iterations: int = 
     def visit(node, xs_f, xs_q, pre_f):
         wv = graph.values[node.inputs[1]]
         wp = wv.quant
-        w = wv.data.astype(np.float32)
+        w = float_data(wv).astype(np.float32)
         key = _cache_key(node, w, wp.scale, xs_q[0], options) if cache is not None else None
         path = cache / f"{key}.npy" if cache is not None else None
         nearest = wp.quantize(w)
@@ -123,6 +126,7 @@ def adaround(graph, feeds: list[dict], compute_nodes: set, *, iterations: int = 
         stats["layers"] += 1
         stats["flipped"] += int((q != nearest).sum())
         stats["weights"] += q.size
+        wv.float_data = float_data(wv)  # the float network of a later pass (bias correction) needs these
         wv.data = wp.dequantize(q).astype(wv.data.dtype)
         graph.values[node.quant["weight"]].data = q
 

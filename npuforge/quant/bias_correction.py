@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..ops.registry import get_op
-from .layerwise import run_layerwise, without_activation
+from .layerwise import float_data, run_layerwise, without_activation
 
 
 def _channel_mean(t: torch.Tensor) -> np.ndarray:
@@ -37,6 +37,7 @@ def correct_bias(graph, feeds: list[dict], compute_nodes: set, progress=None) ->
         pre_q = get_op(node.op).forward(without_activation(node), xs_q)[0]
         shift = _channel_mean(pre_q) - _channel_mean(pre_f)
         bias = graph.values[node.inputs[2]]
+        bias.float_data = float_data(bias)  # as AdaRound's weights: a later pass runs the float network
         bias.data = (bias.data.astype(np.float64) - shift.reshape(bias.data.shape)).astype(bias.data.dtype)
         graph.values[node.quant["bias"]].data = bias.quant.quantize(bias.data)
         shifts.append(float(np.abs(shift).mean()))

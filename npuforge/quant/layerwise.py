@@ -20,10 +20,25 @@ from ..ops.registry import get_op
 from ..sim.float_exec import check_feeds, last_uses
 
 
+def float_data(value) -> np.ndarray:
+    """A constant's float data, as the float network computes with it.
+
+    AdaRound writes the weights it rounds onto their int8 grid (every engine quantizes
+    ``data``, so that is where the learnt rounding must live) and keeps the float
+    weights beside them, in memory only, as ``value.float_data`` (bias correction does
+    the same with the biases it corrects). A later layer-wise pass of the same quantize
+    call (bias correction after AdaRound) must run the float network with those: with
+    the grid weights it would measure the quantized network against one whose weights
+    are already rounded, i.e. correct only the activations' share of each layer's
+    shift, towards the wrong outputs."""
+    return getattr(value, "float_data", value.data)
+
+
 def const_tensor(value, quantized: bool) -> torch.Tensor:
-    data = value.data
-    if quantized and value.quant is not None:
-        data = value.quant.dequantize(value.quant.quantize(data))
+    if quantized:
+        data = value.data if value.quant is None else value.quant.dequantize(value.quant.quantize(value.data))
+    else:
+        data = float_data(value)
     return torch.from_numpy(np.array(data, copy=True))
 
 
