@@ -223,7 +223,7 @@ def test_bias_correction_after_adaround_measures_against_the_float_weights():
     same images finds only the int32 bias rounding left to correct (before, it compared
     with the rounded weights and found the weights' share of each shift)."""
     from npuforge.ops.registry import get_op
-    from npuforge.quant.bias_correction import _channel_mean
+    from npuforge.quant.bias_correction import output_shift
     from npuforge.quant.layerwise import float_data, run_layerwise, without_activation
 
     g = graph_of(41)
@@ -246,11 +246,25 @@ def test_bias_correction_after_adaround_measures_against_the_float_weights():
     def measure(node, xs_f, xs_q, pre_f):
         if "bias" in node.quant:
             pre_q = get_op(node.op).forward(without_activation(node), xs_q)[0]
-            left[node.name] = np.abs(_channel_mean(pre_q) - _channel_mean(pre_f)) / q.values[node.inputs[2]].quant.scale
+            left[node.name] = np.abs(output_shift(node, pre_q, pre_f)) / q.values[node.inputs[2]].quant.scale
 
     run_layerwise(q, feeds, compute, measure)
     # what is left is the int32 rounding of the old and the new bias: under one step each channel
     assert len(left) == 4 and max(float(v.max()) for v in left.values()) < 1 + 1e-3
+
+
+def test_bias_correction_averages_over_the_unclipped_outputs():
+    """The shift is measured where the float output is in the activation's linear part: a
+    bias change moves the output only there."""
+    from npuforge.ir.graph import Node
+    from npuforge.quant.bias_correction import output_shift
+
+    node = Node("c", "Conv", ["x", "w"], ["y"], {"activation": "Relu", "activation_params": []})
+    pre_f = torch.tensor([[[-1.0, 2.0, 3.0]], [[-2.0, 1.0, -3.0]]])  # 2 images, 1 channel, 3 positions
+    pre_q = pre_f + torch.tensor([[[5.0, 0.1, 0.2]], [[5.0, 0.3, 5.0]]])  # large errors only where clipped
+    np.testing.assert_allclose(output_shift(node, pre_q, pre_f, chunk=1), [0.2], rtol=1e-6)
+    none = Node("c", "Conv", ["x", "w"], ["y"], {"activation": "", "activation_params": []})
+    np.testing.assert_allclose(output_shift(none, pre_q, pre_f), [(15 + 0.6) / 6], rtol=1e-6)
 
 
 class Upsampler(torch.nn.Module):
