@@ -1,10 +1,11 @@
-"""Proving a few float32 operations equal to an integer requantization.
+"""Proving a few float operations equal to an integer requantization.
 
 A requantization ``y = clamp(R(acc), lo, hi)`` (fixed point, single rounding or
 the ONNX float rule) is a nondecreasing step function of the integer
-accumulator. So is a short float32 formula such as ``floor(float32(acc) * r + b)``:
+accumulator. So is a short float formula such as ``floor(float64(acc) * r + b)``:
 float conversion, multiplication by r > 0, addition, floor and round-half-even
-are each monotone. Two nondecreasing integer-valued functions clamped to the
+are each monotone (and so is the symmetric ``sign(x) * floor(|x| * r + b)`` for
+0 <= b < 1, which is 0 around x = 0). Two nondecreasing integer-valued functions clamped to the
 same ``[lo, hi]`` are equal on an integer interval ``[A, B]`` exactly when they
 step up at the same places: for every level ``j`` in ``(lo, hi]`` the first
 ``acc`` with ``y(acc) >= j`` (the threshold ``T_j``, found by binary search on
@@ -14,9 +15,10 @@ evaluations per channel, however wide ``[A, B]`` is, and it is a proof, not a
 sample: :func:`fit` returns a formula only after this check passes for every
 channel.
 
-The formulas are evaluated here in NumPy float32 (each operation correctly
-rounded, as IEEE requires and as ONNX Runtime's elementwise kernels compute
-them) and emitted as ONNX nodes by :mod:`npuforge.sim.lowered`.
+The formulas are evaluated here in NumPy float32 / float64 (each operation
+correctly rounded, as IEEE requires and as ONNX Runtime's elementwise kernels,
+one node per operation, compute them) and emitted as ONNX nodes by
+:mod:`npuforge.sim.lowered`; the tests run both and compare them bit for bit.
 """
 
 from __future__ import annotations
