@@ -6,8 +6,9 @@
 Throughput (default): images/s of the integer simulator (fixedpoint and onnx
 rounding; its plain torch path and its ONNX Runtime lowering) and of an ONNX
 Runtime session of npuforge's QDQ export (ORT fuses it into its int8 kernels),
-same random batch, same thread count, one process, after one warm-up batch
-each; prints the table and the ratios.
+and of the float model (the ceiling of anything on float kernels), same random
+batch, same thread count, one process, after one warm-up batch each; prints the
+table and the ratios.
 
 --agreement DIR [--rounding fixedpoint,single,onnx]: top-1 of the integer
 simulator in each rounding mode and of fake-quant on the images of DIR (after
@@ -42,7 +43,7 @@ def throughput(fn, x, batches: int) -> float:
 def bench(graph, batch: int, batches: int, threads: int) -> None:
     import onnxruntime as ort
 
-    from npuforge.export import to_qdq_onnx
+    from npuforge.export import to_onnx, to_qdq_onnx
 
     torch.set_num_threads(threads)
     x = np.random.default_rng(0).standard_normal((batch, *graph.values[graph.inputs[0]].shape[1:])).astype(np.float32)
@@ -65,6 +66,11 @@ def bench(graph, batch: int, batches: int, threads: int) -> None:
         rows.append((f"integer simulator, `{mode}`, plain torch path", throughput(lambda a: sim.run({name: a}), x,
                                                                                     batches)))
     rows.append(("ONNX Runtime, QDQ export (int8 kernels)", ort_ips))
+    # the ceiling of any integer program run on float kernels: the float model itself
+    float_session = ort.InferenceSession(to_onnx(graph).SerializeToString(), options,
+                                         providers=["CPUExecutionProvider"])
+    rows.append(("ONNX Runtime, the float model (fp32 kernels)",
+                 throughput(lambda a: float_session.run(None, {name: a}), x, batches)))
     ort_ips2 = throughput(lambda a: session.run(None, {name: a}), x, batches)  # load drift over the run
     rows.append(("ONNX Runtime, QDQ export, timed again last", ort_ips2))
     print(f"{graph.name}: batch {batch}, {batches} timed batches, {threads} threads, torch {torch.__version__}, "
