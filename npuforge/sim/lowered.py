@@ -44,7 +44,7 @@ from ..errors import NpuforgeError, UnsupportedError
 from ..export.onnx_export import OPSET, _nodes_of
 from ..ops.activation import FUSED_ATTRS
 from .float_exec import check_feeds
-from .int_ops import NP_INT, TORCH_INT, max_abs_code
+from .int_ops import NP_INT, max_abs_code
 from .integer import IntegerSimulator, dequantize_output, quantize_input
 from .monotone_fit import Formula, fit
 
@@ -410,4 +410,4 @@ def make_simulator(graph, rounding: str = "fixedpoint", engine: str = "auto"):
         return IntegerSimulator(graph, rounding)
 
 
-__all__ = ["LoweredSimulator", "make_simulator", "ENGINES", "TORCH_INT"]
+__all__ = ["LoweredSimulator", "make_simulator", "ENGINES"]
