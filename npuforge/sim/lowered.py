@@ -38,14 +38,16 @@ import dataclasses
 
 import numpy as np
 import torch
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 from ..errors import NpuforgeError, UnsupportedError
-from ..export.onnx_export import OPSET, _nodes_of
+from ..export.onnx_export import _nodes_of
 from ..ops.activation import FUSED_ATTRS
 from .float_exec import check_feeds
 from .int_ops import NP_INT, max_abs_code
+from ..quant.requant import multiplier_value
 from .integer import IntegerSimulator, dequantize_output, quantize_input
+from .lowering_base import LoweringBuilder
 from .monotone_fit import Formula, fit
 
 ENGINES = ("auto", "ort", "plain")
@@ -91,30 +93,13 @@ def requant_candidates(rounding: str, m: np.ndarray | None, scale: np.ndarray | 
     return out
 
 
-class _Builder:
+class _Builder(LoweringBuilder):
     """Builds the ONNX graph node by node; names are the IR's (values hold ``q - zp``)."""
 
-    def __init__(self, plain: IntegerSimulator):
-        self.plain = plain
-        self.graph = plain.graph
-        self.nodes: list = []
-        self.inits: list = []
-        self.report: dict[str, str] = {}  # node -> how it was lowered
-
-    # -- helpers ---------------------------------------------------------------------
-    def const(self, name: str, arr) -> str:
-        self.inits.append(numpy_helper.from_array(np.asarray(arr), name))
-        return name
-
-    def emit(self, op: str, inputs: list, output: str, **attrs) -> str:
-        self.nodes.append(helper.make_node(op, inputs, [output], name=output, **attrs))
-        return output
-
-    def refuse(self, node, why: str):
-        raise UnsupportedError(f"node '{node.name}' ({node.op}): {why}, so it has no ONNX Runtime lowering")
+    ELEM_TYPE, SUFFIX = TensorProto.FLOAT, "integer"
 
     def activation(self, node, name: str):
-        """The quantized activation ``name`` (not a constant, 8-bit, one zero point) or a refusal."""
+        """The quantized activation ``name`` (not a constant, one zero point) or a refusal."""
         v = self.graph.values[name]
         p = v.quant
         if v.is_const or p is None:
@@ -123,26 +108,10 @@ class _Builder:
             self.refuse(node, f"'{name}' has per-channel activation parameters")
         return p
 
-    # -- the graph -------------------------------------------------------------------------
-    def build(self):
-        g = self.graph
-        for name in g.inputs:
-            if g.values[name].quant is None:
-                raise UnsupportedError(f"graph input '{name}' is not quantized, so the graph has no ONNX Runtime "
-                                       f"lowering")
-        for node in g.nodes:
-            kind = self.plain._kind(node)
-            handler = getattr(self, f"_{kind}", None) if kind else None
-            if handler is None:
-                self.refuse(node, f"no lowering for a '{kind}' node" if kind else "it runs in float")
-            handler(node)
-        info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(g.values[n].shape))
-                for n in (*g.inputs, *g.outputs)]
-        graph = helper.make_graph(self.nodes, f"{g.name}-integer", info[:len(g.inputs)], info[len(g.inputs):],
-                                  self.inits)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="npuforge")
-        model.ir_version = 10
-        return model
+    def check_inputs(self) -> None:
+        for name in self.graph.inputs:
+            if self.graph.values[name].quant is None:
+                self.refuse(None, f"graph input '{name}' is not quantized")
 
     # -- compute ---------------------------------------------------------------------------
     def _compute(self, node):
@@ -155,9 +124,10 @@ class _Builder:
             self.refuse(node, "no lowering for this compute node")
         w = self.const(f"{node.name}::w", prep["w"].astype(np.float32))
         acc = f"{node.name}::acc"
-        bias = prep["bias"] if prep["fold_bias"] else None  # else in the requantization formula
-        offset = np.zeros(len(prep["rows"]), np.int64) if bias is not None or prep["bias"] is None \
-            else np.broadcast_to(prep["bias"], (len(prep["rows"]),)).astype(np.int64)
+        channels = len(prep["rows"])
+        bias = prep["bias"] if prep["fold_bias"] else None  # else in the requantization formula, as offset
+        offset = np.zeros(channels, np.int64) if prep["bias"] is None or prep["fold_bias"] \
+            else np.broadcast_to(prep["bias"], (channels,)).astype(np.int64)
         attrs = {k: v for k, v in node.attrs.items() if k not in FUSED_ATTRS and v is not None and v != []}
         if node.op == "MatMul":
             self.emit("MatMul", [node.inputs[0], w], acc if bias is None else acc + "0")
@@ -167,7 +137,6 @@ class _Builder:
             ins = [node.inputs[0], w] + ([self.const(f"{node.name}::b", bias.astype(np.float32))]
                                          if bias is not None else [])
             self.emit(node.op, ins, acc, **attrs)
-        channels = len(prep["rows"])
         lo, hi = prep["bounds"]
         zp = int(yq.zero_point)
         lo_c = np.broadcast_to(np.asarray(lo, np.int64) - zp, (channels,))
@@ -183,8 +152,6 @@ class _Builder:
         if plain.rounding == "onnx":
             scale = np.broadcast_to(np.asarray(prep["scale"], np.float32), (channels,))
         else:
-            from ..quant.requant import multiplier_value
-
             m = np.broadcast_to(multiplier_value(prep["M"], prep["S"]), (channels,))
             shift = np.broadcast_to(prep["S"], (channels,))
         formula = None

@@ -24,35 +24,18 @@ lowering (:mod:`npuforge.sim.lowered`) is tried instead.
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
-from ..errors import UnsupportedError
-from ..export.onnx_export import OPSET, _nodes_of
+from ..export.onnx_export import _nodes_of
 from ..ops.activation import FUSED_ATTRS
+from .lowering_base import LoweringBuilder
 
 MOVERS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "MaxPool", "Slice", "Split",
           "Gather", "Concat"}
 
 
-class QOperatorBuilder:
-    def __init__(self, plain):
-        self.plain = plain
-        self.graph = plain.graph
-        self.nodes: list = []
-        self.inits: list = []
-        self.report: dict[str, str] = {}
-        self._consts: set[str] = set()
-
-    def const(self, name: str, arr) -> str:
-        """An initializer (made once: names derive from the value or node they belong to)."""
-        if name not in self._consts:
-            self._consts.add(name)
-            self.inits.append(numpy_helper.from_array(np.asarray(arr), name))
-        return name
-
-    def refuse(self, node, why: str):
-        where = f"node '{node.name}' ({node.op})" if node is not None else "graph input"
-        raise UnsupportedError(f"{where}: {why}")
+class QOperatorBuilder(LoweringBuilder):
+    ELEM_TYPE, SUFFIX, DOMAINS = TensorProto.UINT8, "qoperator", ("com.microsoft",)
 
     def qparams(self, node, name: str) -> list[str]:
         """[scale, zero point] initializers of a uint8 per-tensor activation (or a refusal)."""
@@ -62,30 +45,11 @@ class QOperatorBuilder:
             self.refuse(node, f"'{name}' is not a uint8 per-tensor activation")
         return [self.const(f"{name}::scale", np.float32(p.scale)), self.const(f"{name}::zp", np.uint8(p.zero_point))]
 
-    def emit(self, op: str, inputs: list, outputs: list, domain: str = "", **attrs):
-        self.nodes.append(helper.make_node(op, inputs, outputs, name=f"{outputs[0]}::{op}", domain=domain, **attrs))
-
-    def build(self):
-        g = self.graph
+    def check_inputs(self) -> None:
         if self.plain.rounding != "onnx":
-            raise UnsupportedError("ONNX Runtime's integer operators round as the onnx mode only")
-        for name in g.inputs:
+            self.refuse(None, "ONNX Runtime's integer operators round as the onnx mode only")
+        for name in self.graph.inputs:
             self.qparams(None, name)
-        for node in g.nodes:
-            kind = self.plain._kind(node)
-            handler = getattr(self, f"_{kind}", None) if kind else None
-            if handler is None:
-                self.refuse(node, "no integer operator for it")
-            handler(node)
-            self.report.setdefault(node.name, node.op if kind in ("passthrough", "concat") else kind)
-        info = [helper.make_tensor_value_info(n, TensorProto.UINT8, list(g.values[n].shape))
-                for n in (*g.inputs, *g.outputs)]
-        graph = helper.make_graph(self.nodes, f"{g.name}-qoperator", info[:len(g.inputs)], info[len(g.inputs):],
-                                  self.inits)
-        opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
-        model = helper.make_model(graph, opset_imports=opsets, producer_name="npuforge")
-        model.ir_version = 10
-        return model
 
     def _compute(self, node):
         prep = self.plain._prep_compute(node)
@@ -113,15 +77,15 @@ class QOperatorBuilder:
         out = y if (lo, hi) == (p.qmin, p.qmax) else f"{y}::wide"
         if node.op == "Conv":
             attrs = {k: v for k, v in node.attrs.items() if k not in FUSED_ATTRS and v is not None and v != []}
-            self.emit("QLinearConv", ins, [out], **attrs)
+            self.emit("QLinearConv", ins, out, **attrs)
         else:
             axes = self.const(f"{node.name}::axes", np.int64([2, 3]))
-            self.emit("Unsqueeze", [x, axes], [f"{x}::{node.name}::4d"])
+            self.emit("Unsqueeze", [x, axes], f"{x}::{node.name}::4d")
             ins[0] = f"{x}::{node.name}::4d"
-            self.emit("QLinearConv", ins, [f"{out}::4d"])
-            self.emit("Squeeze", [f"{out}::4d", axes], [out])
+            self.emit("QLinearConv", ins, f"{out}::4d")
+            self.emit("Squeeze", [f"{out}::4d", axes], out)
         if out != y:  # a fused Relu / Clip narrower than the type
-            self.emit("Clip", [out, self.const(f"{y}::lo", np.uint8(lo)), self.const(f"{y}::hi", np.uint8(hi))], [y])
+            self.emit("Clip", [out, self.const(f"{y}::lo", np.uint8(lo)), self.const(f"{y}::hi", np.uint8(hi))], y)
         self.report[node.name] = "QLinearConv"
 
     def _elementwise(self, node):
@@ -129,22 +93,21 @@ class QOperatorBuilder:
             self.refuse(node, "no QLinear form (Sub, or a constant operand)")
         a, b = node.inputs[:2]
         self.emit(f"QLinear{node.op}", [a, *self.qparams(node, a), b, *self.qparams(node, b),
-                                       *self.qparams(node, node.outputs[0])], list(node.outputs), "com.microsoft")
+                                       *self.qparams(node, node.outputs[0])], node.outputs[0], "com.microsoft")
 
     def _pool(self, node):
         if node.op != "GlobalAveragePool":
             self.refuse(node, "no QLinear form for this pooling")
         x = node.inputs[0]
         self.emit("QLinearGlobalAveragePool", [x, *self.qparams(node, x), *self.qparams(node, node.outputs[0])],
-                  list(node.outputs), "com.microsoft", channels_last=0)
+                  node.outputs[0], "com.microsoft", channels_last=0)
 
     def _lut(self, node):
         x = node.inputs[0]
         self.qparams(node, x), self.qparams(node, node.outputs[0])
         table = self.plain._table(node).numpy().astype(np.uint8)  # indexed by the uint8 code (qmin 0)
-        self.emit("Cast", [x], [f"{node.name}::idx"], to=TensorProto.INT32)
-        self.emit("Gather", [self.const(f"{node.name}::table", table), f"{node.name}::idx"], list(node.outputs),
-                  axis=0)
+        idx = self.emit("Cast", [x], f"{node.name}::idx", to=TensorProto.INT32)
+        self.emit("Gather", [self.const(f"{node.name}::table", table), idx], node.outputs[0], axis=0)
 
     def _passthrough(self, node):
         if node.op not in MOVERS:

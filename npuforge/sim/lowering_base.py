@@ -1,0 +1,68 @@
+"""What the two ONNX Runtime lowerings of the integer program share: initializers,
+nodes, refusals naming the node, the walk over the graph dispatching each node by
+its quantization kind, and the model around the nodes. The lowerings themselves
+are :mod:`npuforge.sim.lowered` (float ops on exact integers) and
+:mod:`npuforge.sim.qoperator` (ONNX Runtime's QLinear operators)."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper, numpy_helper
+
+from ..errors import UnsupportedError
+from ..export.onnx_export import OPSET
+
+
+class LoweringBuilder:
+    """Subclasses set ``ELEM_TYPE`` (the ONNX type of the graph's inputs and outputs),
+    ``SUFFIX`` (of the graph name), ``DOMAINS`` (extra opset domains), implement
+    ``check_inputs`` and one ``_<kind>(node)`` per quantization kind they lower."""
+
+    ELEM_TYPE: int
+    SUFFIX: str
+    DOMAINS: tuple = ()
+
+    def __init__(self, plain):
+        self.plain = plain  # the plain IntegerSimulator: node constants, tables, the reference
+        self.graph = plain.graph
+        self.nodes: list = []
+        self.inits: list = []
+        self.report: dict[str, str] = {}  # node -> how it was lowered
+        self._consts: set[str] = set()
+
+    def const(self, name: str, arr) -> str:
+        """An initializer, made once (names derive from the value or node they belong to)."""
+        if name not in self._consts:
+            self._consts.add(name)
+            self.inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    def emit(self, op: str, inputs: list, output: str, domain: str = "", **attrs) -> str:
+        self.nodes.append(helper.make_node(op, inputs, [output], name=output, domain=domain, **attrs))
+        return output
+
+    def refuse(self, node, why: str):
+        where = f"node '{node.name}' ({node.op})" if node is not None else "the graph"
+        raise UnsupportedError(f"{where}: {why}, so it has no ONNX Runtime lowering")
+
+    def check_inputs(self) -> None:
+        raise NotImplementedError
+
+    def build(self):
+        g = self.graph
+        self.check_inputs()
+        for node in g.nodes:
+            kind = self.plain._kind(node)
+            handler = getattr(self, f"_{kind}", None) if kind else None
+            if handler is None:
+                self.refuse(node, f"no lowering for a '{kind}' node" if kind else "it runs in float")
+            handler(node)
+            self.report.setdefault(node.name, kind)
+        info = [helper.make_tensor_value_info(n, self.ELEM_TYPE, list(g.values[n].shape))
+                for n in (*g.inputs, *g.outputs)]
+        graph = helper.make_graph(self.nodes, f"{g.name}-{self.SUFFIX}", info[:len(g.inputs)], info[len(g.inputs):],
+                                  self.inits)
+        opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, 1) for d in self.DOMAINS]
+        model = helper.make_model(graph, opset_imports=opsets, producer_name="npuforge")
+        model.ir_version = 10
+        return model
