@@ -212,7 +212,7 @@ def _quantize_node(graph, node, kind: str, config: QuantConfig) -> None:
                 _add_int(graph, node, f"input{k}", v.quant.quantize(v.data))
         if node.op == "Mul":
             _requant(graph, node, "", np.float64(ins[0].scale) * np.float64(ins[1].scale) / np.float64(out.scale),
-                 config)
+                     config)
         else:
             for k in range(2):
                 _requant(graph, node, str(k), np.float64(ins[k].scale) / np.float64(out.scale), config)
