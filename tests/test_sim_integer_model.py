@@ -49,17 +49,24 @@ def test_integer_agrees_with_fake_quant(quantized, imagenet_sample):
 
 
 def test_lowered_simulator_is_bit_exact_on_lite0(quantized, imagenet_sample):
-    """The ONNX Runtime fast path computes the same codes as the plain simulator, in both
-    rounding modes, on real images (fixedpoint through the proven float formulas,
-    onnx through ONNX Runtime's own QLinear operators)."""
+    """The ONNX Runtime fast path computes the same codes as the plain simulator on real
+    images: ONNX Runtime's own integer operators in every rounding mode (each Conv a
+    QLinearConv for the channels whose multipliers the quantizer matched, the rest
+    apart), and the float lowering."""
     from npuforge.workflow import transform_of
     from npuforge.zoo.data import ImageDataset, iter_batches
 
+    report = quantized.metadata["quantization"]["ort_multipliers"]
+    assert report["matched"] >= 0.9 * report["channels"] and report["max_relative_change"] < 2**-20
     dataset = ImageDataset(imagenet_sample, None, limit=8, skip=100)
     x, _, _ = next(iter_batches(dataset, transform_of(quantized.metadata["preprocess"]), 8, 2))
     name, out = quantized.inputs[0], quantized.outputs[0]
-    for mode, form in (("fixedpoint", "float"), ("onnx", "qoperator")):
-        low = LoweredSimulator(quantized, mode)
+    for mode, form in (("fixedpoint", "qoperator"), ("single", "qoperator"), ("onnx", "qoperator"),
+                       ("fixedpoint", "float")):
+        low = LoweredSimulator(quantized, mode, form=form)
         assert low.form == form
+        if form == "qoperator":
+            convs = [how for node, how in low.lowering.items() if node.endswith(("Conv", "Gemm"))]
+            assert len(convs) == 50 and all(how.startswith("QLinearConv") for how in convs)
         np.testing.assert_array_equal(low.run({name: x}, dequantize=False)[out],
                                       IntegerSimulator(quantized, mode).run({name: x}, dequantize=False)[out])

@@ -21,14 +21,24 @@ MODES = ["fixedpoint", "single", "onnx"]
 
 
 def both(g, feeds, mode):
-    """(lowered, plain) codes of every graph output, and the lowered simulator."""
-    low = LoweredSimulator(g, mode)
-    a = low.run(feeds, dequantize=False)
+    """Each lowering (ONNX Runtime's integer operators where the graph has uint8
+    activations, and the float one) against the plain path, on every graph output;
+    -> {form: lowered simulator}."""
     b = IntegerSimulator(g, mode).run(feeds, dequantize=False)
-    for name in g.outputs:
-        assert a[name].dtype == b[name].dtype
-        np.testing.assert_array_equal(a[name], b[name], err_msg=f"{name} ({mode}, {low.form})")
-    return low
+    lows = {}
+    for form in ("qoperator", "float"):
+        try:
+            lows[form] = low = LoweredSimulator(g, mode, form=form)
+        except UnsupportedError:
+            if form == "qoperator" and all(g.values[n].quant.dtype == "uint8" for n in g.inputs):
+                raise
+            continue
+        a = low.run(feeds, dequantize=False)
+        for name in g.outputs:
+            assert a[name].dtype == b[name].dtype
+            np.testing.assert_array_equal(a[name], b[name], err_msg=f"{name} ({mode}, {form})")
+    assert "float" in lows
+    return lows
 
 
 # -- the requantization proof ---------------------------------------------------------------
@@ -118,8 +128,10 @@ def test_verify_refuses_a_formula_off_by_one_step():
 def test_conv_lowered_equals_plain(case, mode):
     rng = np.random.default_rng(300 + case)
     g, x, *_ = conv_case(rng, **CONV_CASES[case])
-    low = both(g, {"x": x}, mode)
-    assert low.form == ("qoperator" if mode == "onnx" else "float")
+    lows = both(g, {"x": x}, mode)
+    assert lows["float"].form == "float"
+    if mode == "onnx":  # the rule itself; other modes only where a float32 scale is proven (see below)
+        assert lows["qoperator"].lowering["n"] == "QLinearConv"
 
 
 @pytest.mark.parametrize("act,params", [("Relu", ()), ("Clip", (0.0, 6.0)), ("Clip", (-0.5, 0.7))])
@@ -136,10 +148,9 @@ def test_conv_with_a_bias_beyond_float32_goes_through_float64():
     g, x, *_ = conv_case(rng)
     bias = g.values[g.nodes[0].quant["bias"]]
     bias.data = (bias.data.astype(np.int64) * 20000).clip(-(2**31), 2**31 - 1).astype(np.int32)
-    for mode in MODES:
-        low = both(g, {"x": x}, mode)
-        if low.form == "float":
-            assert "float64" in low.lowering["n"]
+    for mode in MODES:  # (the onnx rule rounds the biased sum to float32 itself)
+        lows = both(g, {"x": x}, mode)
+        assert mode == "onnx" or "float64" in lows["float"].lowering["n"]
 
 
 @pytest.mark.parametrize("op", ["Add", "Sub", "Mul"])
@@ -247,3 +258,108 @@ def test_cli_sim_engine(tmp_path, capsys):
                  "--sim-engine", "ort"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "node 'n' (AveragePool)" in err[0] and "Traceback" not in err[0]
+
+
+# -- multipliers ONNX Runtime's QLinearConv reproduces (npuforge/quant/ort_multipliers.py) -----
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31), e=st.integers(0, 8), zp=st.integers(0, 255), nudge=st.integers(-3, 3))
+def test_multiplier_interval_holds_exactly_the_matching_multipliers(seed, e, zp, nudge):
+    """[L, U] from multiplier_interval holds exactly the multipliers whose fixed-point rule
+    equals ONNX Runtime's float32 rule with scale s on *every* accumulator of the domain
+    (checked exhaustively, on both sides of the interval's ends)."""
+    from npuforge.quant.ort_multipliers import fixedpoint_rule, multiplier_interval
+    from npuforge.sim.monotone_fit import Formula, float32_nudged, thresholds
+
+    rng = np.random.default_rng(seed)
+    c = 3
+    # normalized multipliers when there is a right shift (the interval assumes x M < -2^30 for x < 0)
+    mult = rng.integers(2**30 + 1 if e else 2**27, 2**31, c).astype(np.int64)
+    ee = np.full(c, e, np.int64)
+    lo, hi = np.full(c, -zp, np.int64), np.full(c, 255 - zp, np.int64)
+    a = rng.integers(-30000, 0, c).astype(np.int64)
+    b = a + rng.integers(1, 60000, c)
+    formula = Formula(float32_nudged(mult * 2.0 ** (-31 - ee), nudge), rnd="round")
+    levels = lo[:, None] + 1 + np.arange(255)[None, :]
+    valid = np.ones(levels.shape, bool)
+    ort = lambda acc: formula.evaluate(acc, lo[:, None], hi[:, None])  # noqa: E731
+    t = thresholds(ort, a, b, levels, formula.steps(levels))
+    lower, upper = multiplier_interval(t, levels, a, b, ee, valid)
+    for i in range(c):
+        acc = np.arange(a[i], b[i] + 1)[None, :]
+        row = Formula(formula.r[i:i + 1], rnd="round")
+        want = row.evaluate(acc, lo[i], hi[i])
+        probe = {lower[i] - 1, lower[i], (lower[i] + upper[i]) // 2, upper[i], upper[i] + 1} \
+            if lower[i] <= upper[i] else {mult[i] - 1, mult[i], mult[i] + 1}
+        for m in sorted(p for p in probe if (2**30 + 1 if e else 0) <= p < 2**31):
+            got = fixedpoint_rule(np.array([m]), ee[i:i + 1], lo[i:i + 1], hi[i:i + 1])(acc)
+            assert np.array_equal(got, want) == (lower[i] <= m <= upper[i]), (i, m, lower[i], upper[i])
+
+
+@pytest.mark.parametrize("case", range(len(CONV_CASES)))
+def test_matched_multipliers_run_as_qlinearconv(case):
+    """After match_multipliers (the quantizer's last step), the fixed-point and single
+    modes run a Conv's matched channels as QLinearConv, bit for bit, with multipliers
+    moved by less than 2^-20."""
+    from npuforge.quant.ort_multipliers import match_multipliers
+    from npuforge.quant.requant import multiplier_value, requant_multiplier
+
+    rng = np.random.default_rng(390 + case)
+    g, x, *_ = conv_case(rng, **CONV_CASES[case])
+    q = g.nodes[0].quant  # the quantizer's folded form (shift 0); TFLite's rounds twice, see ort_multipliers
+    folded = requant_multiplier(multiplier_value(g.values[q["multiplier"]].data, g.values[q["shift"]].data))
+    g.values[q["multiplier"]].data, g.values[q["shift"]].data = folded
+    before = np.asarray(g.values[q["multiplier"]].data, np.int64).copy()
+    report = match_multipliers(g)
+    after = np.asarray(g.values[g.nodes[0].quant["multiplier"]].data, np.int64)
+    assert report["channels"] == len(before)  # (the share matched on a real model: test_sim_integer_model)
+    assert np.all(np.abs(after - before) <= before * 2.0**-20)
+    unmatched = report["channels"] - report["matched"]  # (where float32 rounding moves a step: run apart)
+    for mode in ("fixedpoint", "single"):  # (single rounding, once, may be reproduced where a right shift is left)
+        lowering = both(g, {"x": x}, mode)["qoperator"].lowering["n"]
+        apart = int(lowering.split("; ")[1].split()[0]) if ";" in lowering else 0
+        assert lowering.startswith("QLinearConv") and (apart == unmatched if mode == "fixedpoint" else
+                                                      apart <= unmatched)
+
+
+@pytest.mark.parametrize("case", [0, 2, 3])
+@pytest.mark.parametrize("mode", ["fixedpoint", "onnx"])
+def test_channels_without_a_float32_scale_run_apart(case, mode, monkeypatch):
+    """Channels with no proven float32 scale run as ConvInteger and a proven float formula,
+    merged back in channel order (plain, depthwise and 1x1 convolutions)."""
+    from npuforge.sim.qoperator import QOperatorBuilder
+
+    scales = QOperatorBuilder._scales
+
+    def some_unproven(self, node):
+        s, bias, proven = scales(self, node)
+        return s, bias, proven & (np.arange(len(proven)) % 3 != 1)
+
+    monkeypatch.setattr(QOperatorBuilder, "_scales", some_unproven)
+    rng = np.random.default_rng(400 + case)
+    g, x, *_ = conv_case(rng, **CONV_CASES[case])
+    report = both(g, {"x": x}, mode)["qoperator"].lowering["n"]
+    assert report.startswith("QLinearConv; ") and "ConvInteger" in report
+
+
+def test_dead_channels_with_a_bias_at_int32s_end():
+    """A channel whose bias is saturated at int32's end has a constant output, but its
+    accumulator range leaves int32, where ONNX Runtime's int32 bias addition would wrap:
+    it gets a bias inside int32 giving the same constant, and still runs as QLinearConv."""
+    from npuforge.quant.ort_multipliers import match_multipliers
+
+    rng = np.random.default_rng(410)
+    g, x, *_ = conv_case(rng, wmax=127)
+    bias = g.values[g.nodes[0].quant["bias"]]
+    data = bias.data.astype(np.int64)
+    data[0], data[1] = -(2**31), 2**31 - 1
+    bias.data = data.astype(np.int32)
+    from npuforge.quant.requant import multiplier_value, requant_multiplier
+
+    q = g.nodes[0].quant
+    g.values[q["multiplier"]].data, g.values[q["shift"]].data = \
+        requant_multiplier(multiplier_value(g.values[q["multiplier"]].data, g.values[q["shift"]].data))
+    match_multipliers(g)
+    for mode in MODES:
+        assert both(g, {"x": x}, mode)["qoperator"].lowering["n"] == "QLinearConv"

@@ -48,9 +48,11 @@ class QuantConfig:
     adaround_cache: str = field(default="", metadata={
         "help": "folder where AdaRound saves each layer's rounding as it is learnt; a rerun reuses them (resume)"})
     tflite_multipliers: bool = field(default=False, metadata={
-        "help": "store requantization multipliers normalized to [2^30, 2^31) as TFLite does; by default right "
-                "shifts of up to 10 bits are folded into the multiplier, so fixed-point requantization rounds "
-                "once instead of twice"})
+        "help": "store requantization multipliers exactly as TFLite does (normalized to [2^30, 2^31)); by "
+                "default right shifts of up to 10 bits are folded into the multiplier, so fixed-point "
+                "requantization rounds once instead of twice, and each Conv / Gemm multiplier is moved by at "
+                "most a few parts in 2^24 to one that ONNX Runtime's integer convolution reproduces exactly "
+                "(the integer simulator's fast path)"})
     strict: bool = field(default=False, metadata={
         "help": "an op with no quantization rule is an error instead of a warning (it is kept in float)"})
 

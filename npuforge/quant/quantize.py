@@ -32,6 +32,7 @@ from .calibrate import as_feeds, calibrate
 from .config import QuantConfig
 from .equalize import equalize
 from .params import QParams, QRANGES, from_range, weight_params
+from .ort_multipliers import match_multipliers
 from .requant import activation_code_bounds, requant_multiplier
 
 QUANTIZED_KINDS = ("compute", "matmul", "elementwise", "pool", "lut", "passthrough", "concat")
@@ -286,6 +287,8 @@ def quantize(model, data, config=None, *, optimize: bool = True, progress=None, 
               cache_dir=config.adaround_cache or None)
     if config.bias_correction:
         _step(steps, "bias_correction", layer_progress, correct_bias, graph, data, compute)
+    if not config.tflite_multipliers:  # last: it depends on the final weights and biases
+        _step(steps, "ort_multipliers", None, match_multipliers, graph, compute)
     graph.metadata["quantization"] = {
         "config": config.to_dict(),
         "calibration_images": images,

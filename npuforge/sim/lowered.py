@@ -44,10 +44,10 @@ from ..errors import NpuforgeError, UnsupportedError
 from ..export.onnx_export import _nodes_of
 from ..ops.activation import FUSED_ATTRS
 from .float_exec import check_feeds
-from .int_ops import NP_INT, max_abs_code
+from .int_ops import NP_INT
 from ..quant.requant import multiplier_value
 from .integer import IntegerSimulator, dequantize_output, quantize_input
-from .lowering_base import LoweringBuilder
+from .lowering_base import LoweringBuilder, channel_ranges
 from .monotone_fit import Formula, fit
 
 ENGINES = ("auto", "ort", "plain")
@@ -117,7 +117,8 @@ class _Builder(LoweringBuilder):
     def _compute(self, node):
         plain = self.plain
         prep = plain._prep_compute(node)
-        xq, yq = self.activation(node, node.inputs[0]), self.activation(node, node.outputs[0])
+        self.activation(node, node.inputs[0])
+        yq = self.activation(node, node.outputs[0])
         if prep["ftype"] is not torch.float32:
             self.refuse(node, f"accumulators up to {prep['bound']} are beyond float32's exact 2^24")
         if node.op not in ("Conv", "Gemm", "MatMul") or node.attrs.get("activation") == "LeakyRelu":
@@ -137,15 +138,11 @@ class _Builder(LoweringBuilder):
             ins = [node.inputs[0], w] + ([self.const(f"{node.name}::b", bias.astype(np.float32))]
                                          if bias is not None else [])
             self.emit(node.op, ins, acc, **attrs)
-        lo, hi = prep["bounds"]
+        a, b, lo_c, hi_c = channel_ranges(plain, node)  # b - a: bias included; the offset is added in exact()
         zp = int(yq.zero_point)
-        lo_c = np.broadcast_to(np.asarray(lo, np.int64) - zp, (channels,))
-        hi_c = np.broadcast_to(np.asarray(hi, np.int64) - zp, (channels,))
-        b0 = np.zeros(channels, np.int64) if bias is None else np.broadcast_to(bias, (channels,))  # in acc
-        spread = prep["rows"].astype(np.int64) * max_abs_code(xq)
 
-        def exact(a: np.ndarray) -> np.ndarray:  # [C, J] accumulators -> centred output codes
-            y = plain._requant(node, torch.from_numpy(a + offset[:, None]), prep, axis=0).numpy()
+        def exact(acc: np.ndarray) -> np.ndarray:  # [C, J] accumulators -> centred output codes
+            y = plain._requant(node, torch.from_numpy(acc + offset[:, None]), prep, axis=0).numpy()
             return np.clip(y + zp, lo_c[:, None] + zp, hi_c[:, None] + zp) - zp
 
         m = scale = shift = None
@@ -156,7 +153,7 @@ class _Builder(LoweringBuilder):
             shift = np.broadcast_to(prep["S"], (channels,))
         formula = None
         for group in requant_candidates(plain.rounding, m, scale, shift, offset, negative=bool((lo_c < 0).any())):
-            formula = fit(exact, group, b0 - spread, b0 + spread, lo_c, hi_c)
+            formula = fit(exact, group, a - offset, b - offset, lo_c, hi_c)
             if formula is not None:
                 break
         if formula is None:
@@ -303,14 +300,15 @@ class _Builder(LoweringBuilder):
 class LoweredSimulator:
     """``LoweredSimulator(graph, rounding).run(feeds)``: the same results as
     :class:`~npuforge.sim.integer.IntegerSimulator`, bit for bit, computed by one ONNX
-    Runtime session. In the ``onnx`` mode with uint8 activations the graph is ONNX
-    Runtime's own integer operators (:mod:`npuforge.sim.qoperator`); otherwise, or
-    where that form has no operator for a node, the float lowering above, each
-    node's requantization proven when it is built. Raises UnsupportedError naming
-    the first node neither can lower. ``form`` says which one runs, ``lowering``
-    maps each node to how."""
+    Runtime session. With uint8 activations the graph is ONNX Runtime's own
+    integer operators (:mod:`npuforge.sim.qoperator`, ``form`` "qoperator"), the
+    nodes they cannot compute exactly lowered as below in between; otherwise the
+    float lowering above (``form`` "float"). Each node's requantization is proven
+    when it is built. Raises UnsupportedError naming the first node neither can
+    lower. ``form`` (argument) asks for one of the two; ``lowering`` maps each node
+    to how it runs."""
 
-    def __init__(self, graph, rounding: str = "fixedpoint", threads: int | None = None):
+    def __init__(self, graph, rounding: str = "fixedpoint", threads: int | None = None, form: str | None = None):
         import onnxruntime as ort
 
         from .qoperator import QOperatorBuilder
@@ -318,11 +316,13 @@ class LoweredSimulator:
         self.plain = IntegerSimulator(graph, rounding)
         self.graph, self.rounding = graph, rounding
         builder = None
-        if rounding == "onnx":
+        if form in (None, "qoperator"):
             try:
                 builder = QOperatorBuilder(self.plain)
                 self.model, self.form = builder.build(), "qoperator"
             except UnsupportedError:
+                if form == "qoperator":
+                    raise
                 builder = None
         if builder is None:
             builder = _Builder(self.plain)

@@ -11,6 +11,22 @@ from onnx import helper, numpy_helper
 
 from ..errors import UnsupportedError
 from ..export.onnx_export import OPSET
+from .int_ops import max_abs_code
+
+
+def channel_ranges(plain, node) -> tuple[np.ndarray, ...]:
+    """(a, b, lo, hi), int64 arrays [C] for a Conv / Gemm / MatMul of the plain simulator
+    ``plain``: every accumulator (bias included) that channel c can reach lies in
+    [a_c, b_c] (its bias plus or minus the channel's sum of |w| times the largest input
+    code); its output codes, less the zero point, are clamped to [lo_c, hi_c]."""
+    prep = plain._prep_compute(node)
+    channels = len(prep["rows"])
+    zp = int(plain._q(node.outputs[0]).zero_point)
+    lo, hi = (np.broadcast_to(np.asarray(v, np.int64) - zp, (channels,)).copy() for v in prep["bounds"])
+    b0 = np.zeros(channels, np.int64) if prep["bias"] is None else \
+        np.broadcast_to(prep["bias"], (channels,)).astype(np.int64)
+    spread = prep["rows"].astype(np.int64) * max_abs_code(plain._q(node.inputs[0]))
+    return b0 - spread, b0 + spread, lo, hi
 
 
 class LoweringBuilder:

@@ -83,6 +83,14 @@ class Formula:
                                    pre=pick(self.pre, other.pre))
 
 
+def float32_nudged(m: np.ndarray, ulps: int) -> np.ndarray:
+    """float32(m) moved ``ulps`` float32 steps up (or down)."""
+    s = np.asarray(m, np.float32).copy()
+    for _ in range(abs(ulps)):
+        s = np.nextafter(s, np.float32(np.inf if ulps > 0 else 0), dtype=np.float32)
+    return s
+
+
 def thresholds(exact, a: np.ndarray, b: np.ndarray, levels: np.ndarray, guess: np.ndarray) -> np.ndarray:
     """T[c, j]: the first acc in [a_c, b_c] with exact(acc)[c] >= levels[c, j] (b_c + 1 if none).
 
@@ -132,22 +140,31 @@ def verify(exact, formula: Formula, a: np.ndarray, b: np.ndarray, lo: np.ndarray
     return ok.all(axis=1) & ok_ends
 
 
-def fit(exact, candidates, a, b, lo, hi) -> Formula | None:
-    """A formula proven equal to ``exact`` on every channel's [a_c, b_c], taking for each
-    channel the first of ``candidates`` (same structure, cheapest or most likely first)
-    that verifies there; None when some channel has none (or the output has more
-    than MAX_LEVELS steps: left to the plain simulator)."""
+def fit_channels(exact, candidates, a, b, lo, hi) -> tuple[Formula | None, np.ndarray]:
+    """(formula, proven): for each channel the first of ``candidates`` (same structure,
+    cheapest or most likely first) proven equal to ``exact`` on [a_c, b_c]; ``proven``
+    [C] says where one was (elsewhere the formula holds the first candidate's
+    values). (None, all False) when the output has more than MAX_LEVELS steps."""
     a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
     lo = np.broadcast_to(np.asarray(lo, np.int64), a.shape).copy()
     hi = np.broadcast_to(np.asarray(hi, np.int64), a.shape).copy()
+    todo = np.ones(a.shape, bool)
     if int(np.max(hi - lo, initial=0)) > MAX_LEVELS:
-        return None
-    chosen, todo = None, np.ones(a.shape, bool)
+        return None, ~todo
+    chosen = None
     for formula in candidates:
         ok = verify(exact, formula, a, b, lo, hi)
         good = ok & todo
         chosen = formula if chosen is None else chosen.take(formula, good)
         todo &= ~ok
         if not todo.any():
-            return chosen
-    return None
+            break
+    return chosen, ~todo
+
+
+def fit(exact, candidates, a, b, lo, hi) -> Formula | None:
+    """A formula proven equal to ``exact`` on every channel's [a_c, b_c]
+    (:func:`fit_channels`); None when some channel has none (or the output has more
+    than MAX_LEVELS steps: left to the plain simulator)."""
+    formula, proven = fit_channels(exact, candidates, a, b, lo, hi)
+    return formula if proven.all() else None

@@ -1,34 +1,46 @@
-"""The ``onnx`` rounding mode's fast path: the quantized IR as ONNX Runtime's own
+"""The fast path of the integer simulator: the quantized IR as ONNX Runtime's own
 integer operators (QOperator form), on uint8 codes.
-
-The ``onnx`` mode is *defined* as ONNX Runtime's QLinear arithmetic, and the
-plain simulator is checked against each of those operators bit for bit
-(tests/test_sim_integer.py). So where every activation is uint8, the program
-can run as those operators themselves:
 
 * Conv / Gemm: ``QLinearConv`` (a Gemm as a 1x1 one on ``[N, K, 1, 1]``) with the
   int8 weights stored as uint8 ``w + 128``, zero point 128. The accumulator is
   unchanged, ``sum (x - zp_x) (w + 128 - 128)``, and ONNX Runtime's u8u8 kernels
   compute it exactly; its u8s8 kernels on CPUs without VNNI add pairs of
-  products in saturating int16 and would not (docs/simulator.md). A fused
-  Relu / Clip narrower than the type is a ``Clip`` on the codes.
-* Add / Mul: com.microsoft ``QLinearAdd`` / ``QLinearMul``; GlobalAveragePool:
-  ``QLinearGlobalAveragePool``.
+  products in saturating int16 and would not (docs/simulator.md). It then
+  outputs ``rint(float32(acc) * s)`` in float32, ``s = x_scale * w_scale / y_scale``;
+  with unit x and y scales, ``s`` is the per-channel w_scale given. That is the
+  ``onnx`` rounding by definition; for ``fixedpoint`` and ``single`` a float32 ``s``
+  near each channel's multiplier is searched for and kept only where
+  :func:`~npuforge.sim.monotone_fit.fit` proves the rule equal to the mode's on the
+  channel's whole accumulator range (the quantizer picks multipliers for which
+  one exists: :mod:`npuforge.quant.ort_multipliers`). A fused Relu / Clip
+  narrower than the type is a ``Clip`` on the codes.
+* Add / Mul (``onnx``): com.microsoft ``QLinearAdd`` / ``QLinearMul``;
+  GlobalAveragePool: ``QLinearGlobalAveragePool``.
 * lookup ops: ``Gather`` from the plain simulator's table.
 * ops that move codes: the op itself, on uint8.
 
-Anything else raises :class:`~npuforge.errors.UnsupportedError` and the float
-lowering (:mod:`npuforge.sim.lowered`) is tried instead.
+Any other node (a Conv with a channel no float32 scale reproduces, fixed-point
+Add / pooling, Sub...) is lowered by the float lowering
+(:mod:`npuforge.sim.lowered`) between conversions of its activations from codes
+to float ``q - zp`` and back, so one session runs the whole graph; what it
+cannot lower raises :class:`~npuforge.errors.UnsupportedError`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import torch
 from onnx import TensorProto
 
 from ..export.onnx_export import _nodes_of
 from ..ops.activation import FUSED_ATTRS
-from .lowering_base import LoweringBuilder
+from ..quant.requant import multiplier_value
+from .lowering_base import LoweringBuilder, channel_ranges
+from .monotone_fit import Formula, fit, fit_channels, float32_nudged
+
+SCALE_NUDGES = tuple(sorted(range(-3, 4), key=abs))  # ulps from float32(multiplier) tried per channel
 
 MOVERS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "MaxPool", "Slice", "Split",
           "Gather", "Concat"}
@@ -37,88 +49,244 @@ MOVERS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity",
 class QOperatorBuilder(LoweringBuilder):
     ELEM_TYPE, SUFFIX, DOMAINS = TensorProto.UINT8, "qoperator", ("com.microsoft",)
 
-    def qparams(self, node, name: str) -> list[str]:
-        """[scale, zero point] initializers of a uint8 per-tensor activation (or a refusal)."""
+    def codes(self, node, name: str):
+        """The parameters of ``name``, a uint8 per-tensor activation (or a refusal)."""
         v = self.graph.values[name]
         p = v.quant
         if v.is_const or p is None or p.dtype != "uint8" or p.per_channel:
             self.refuse(node, f"'{name}' is not a uint8 per-tensor activation")
-        return [self.const(f"{name}::scale", np.float32(p.scale)), self.const(f"{name}::zp", np.uint8(p.zero_point))]
+        return p
+
+    def zero_point(self, node, name: str) -> str:
+        return self.const(f"{name}::zp", np.uint8(self.codes(node, name).zero_point))
+
+    def qparams(self, node, name: str) -> list[str]:
+        """[scale, zero point] initializers of a uint8 per-tensor activation (or a refusal)."""
+        return [self.const(f"{name}::scale", np.float32(self.codes(node, name).scale)), self.zero_point(node, name)]
+
+    def __init__(self, plain):
+        super().__init__(plain)
+        self._float = None  # the float lowering, for the nodes with no QLinear form
+        self._float_names: dict[str, str] = {}  # activation -> its float "q - zp" copy
 
     def check_inputs(self) -> None:
-        if self.plain.rounding != "onnx":
-            self.refuse(None, "ONNX Runtime's integer operators round as the onnx mode only")
         for name in self.graph.inputs:
-            self.qparams(None, name)
+            self.codes(None, name)
 
+    # -- nodes lowered in float ------------------------------------------------------------
+    def _float_builder(self):
+        """The float lowering, emitting into this graph."""
+        from .lowered import _Builder
+
+        if self._float is None:
+            self._float = _Builder(self.plain)
+            self._float.nodes, self._float.inits, self._float._consts = self.nodes, self.inits, self._consts
+        return self._float
+
+    def _in_float(self, node, why: str):
+        """Lower ``node`` with the float lowering on float copies of its activations."""
+        self._float_builder()
+        g = self.graph
+        renames = {n: self._as_float(node, n) for n in node.inputs if n and not g.values[n].is_const}
+        start = len(self.nodes)
+        getattr(self._float, f"_{self.plain._kind(node)}")(node)
+        renames.update({y: f"{y}::f" for y in node.outputs if y})
+        for emitted in self.nodes[start:]:
+            for field in (emitted.input, emitted.output):
+                names = [renames.get(n, n) for n in field]
+                del field[:]
+                field.extend(names)
+            emitted.name = emitted.output[0]  # nodes are named after their output
+        for y in node.outputs:
+            if y:
+                self._float_names[y] = f"{y}::f"  # later nodes in float read it as it is
+                shifted = self.emit("Add", [f"{y}::f", self.const(f"{y}::zp_f", self._zero_point(y))], f"{y}::fq")
+                self.emit("Cast", [shifted], y, to=TensorProto.UINT8)
+        self.report[node.name] = f"in float ({why}): {self._float.report.get(node.name, '')}"
+
+    def _zero_point(self, name: str) -> np.float32:
+        return np.float32(int(self.graph.values[name].quant.zero_point))
+
+    def _as_float(self, node, name: str) -> str:
+        """``name``'s codes as float ``q - zp`` (made once)."""
+        self.codes(node, name)
+        if name not in self._float_names:
+            f = self.emit("Cast", [name], f"{name}::f32", to=TensorProto.FLOAT)
+            self._float_names[name] = self.emit("Sub", [f, self.const(f"{name}::zp_f", self._zero_point(name))],
+                                                f"{name}::f")
+        return self._float_names[name]
+
+    # -- compute ---------------------------------------------------------------------------
     def _compute(self, node):
-        prep = self.plain._prep_compute(node)
         if node.op not in ("Conv", "Gemm") or node.attrs.get("activation") == "LeakyRelu":
-            self.refuse(node, "no QLinearConv form")
+            return self._in_float(node, "no QLinearConv form")
         x, y = node.inputs[0], node.outputs[0]
-        wq = self.graph.values[node.inputs[1]].quant
-        w = prep["w"]
-        if node.op == "Gemm":
-            w = (w if node.attrs["transB"] else w.T)[:, :, None, None]  # [N, K, 1, 1]
-        scale = np.asarray(wq.scale, np.float32)
-        ins = [x, *self.qparams(node, x),
-               self.const(f"{node.name}::w", (w + 128).astype(np.uint8)),
-               self.const(f"{node.name}::w_scale", scale),
-               self.const(f"{node.name}::w_zp", np.full(scale.shape, 128, np.uint8)),
-               *self.qparams(node, y)]
-        if prep["bias"] is not None:
-            if prep["bias"].min(initial=0) < -(2**31) or prep["bias"].max(initial=0) >= 2**31:
-                self.refuse(node, "a bias beyond int32")
-            ins.append(self.const(f"{node.name}::b", prep["bias"].astype(np.int32)))
+        x_zp, y_zp = self.zero_point(node, x), self.zero_point(node, y)
+        prep = self.plain._prep_compute(node)
         lo, hi = prep["bounds"]
-        p = self.graph.values[y].quant
         if not (isinstance(lo, int) and isinstance(hi, int)):
-            self.refuse(node, "per-channel saturation bounds")
-        out = y if (lo, hi) == (p.qmin, p.qmax) else f"{y}::wide"
-        if node.op == "Conv":
-            attrs = {k: v for k, v in node.attrs.items() if k not in FUSED_ATTRS and v is not None and v != []}
-            self.emit("QLinearConv", ins, out, **attrs)
-        else:
+            return self._in_float(node, "per-channel saturation bounds")
+        scales, bias, proven = self._scales(node)
+        rest = np.flatnonzero(~proven)
+        group = node.attrs.get("group", 1) if node.op == "Conv" else 1
+        w = prep["w"] if node.op == "Conv" else (prep["w"] if node.attrs["transB"] else prep["w"].T)[:, :, None, None]
+        if rest.size and not (group == 1 or (group == w.shape[0] and w.shape[1] == 1)):
+            return self._in_float(node, "a grouped convolution with channels no float32 scale reproduces")
+        if rest.size and prep["ftype"] is not torch.float32:
+            return self._in_float(node, "channels no float32 scale reproduces, with accumulators beyond 2^24")
+        narrow = (lo, hi) != (self.codes(node, y).qmin, self.codes(node, y).qmax)
+        stages = ["conv"] + ["clip"] * narrow + ["merge"] * bool(rest.size) + ["squeeze"] * (node.op == "Gemm")
+        out = {stage: (y if stage == stages[-1] else f"{y}::{stage}") for stage in stages}
+        x4 = x
+        if node.op == "Gemm":
             axes = self.const(f"{node.name}::axes", np.int64([2, 3]))
-            self.emit("Unsqueeze", [x, axes], f"{x}::{node.name}::4d")
-            ins[0] = f"{x}::{node.name}::4d"
-            self.emit("QLinearConv", ins, f"{out}::4d")
-            self.emit("Squeeze", [f"{out}::4d", axes], out)
-        if out != y:  # a fused Relu / Clip narrower than the type
-            self.emit("Clip", [out, self.const(f"{y}::lo", np.uint8(lo)), self.const(f"{y}::hi", np.uint8(hi))], y)
+            x4 = self.emit("Unsqueeze", [x, axes], f"{x}::{node.name}::4d")
+        one = self.const("unit_scale", np.float32(1))
+        ins = [x4, one, x_zp, self.const(f"{node.name}::w", (w + 128).astype(np.uint8)),
+               self.const(f"{node.name}::w_scale", scales),
+               self.const(f"{node.name}::w_zp", np.full(scales.shape, 128, np.uint8)), one, y_zp]
+        if bias is not None:
+            ins.append(self.const(f"{node.name}::b", bias.astype(np.int32)))
+        attrs = {k: v for k, v in node.attrs.items() if k not in FUSED_ATTRS and v is not None and v != []} \
+            if node.op == "Conv" else {}
+        t = self.emit("QLinearConv", ins, out["conv"], **attrs)
+        if narrow:  # a fused Relu / Clip narrower than the type
+            t = self.emit("Clip", [t, self.const(f"{y}::lo", np.uint8(lo)), self.const(f"{y}::hi", np.uint8(hi))],
+                          out["clip"])
         self.report[node.name] = "QLinearConv"
+        if rest.size:
+            r = self._rest(node, x4, w, rest, attrs)
+            merged = self.emit("Concat", [t, r], f"{y}::both", axis=1)
+            perm = np.arange(len(proven))
+            perm[rest] = len(proven) + np.arange(rest.size)
+            t = self.emit("Gather", [merged, self.const(f"{node.name}::perm", perm)], out["merge"], axis=1)
+            self.report[node.name] += f"; {rest.size} of {len(proven)} channels: {self.report.pop(node.name + '::rest')}"
+        if node.op == "Gemm":
+            self.emit("Squeeze", [t, axes], y)
+
+    def _rest(self, node, x4: str, w: np.ndarray, rest: np.ndarray, attrs: dict) -> str:
+        """The channels ``rest`` of a Conv (or 4-d Gemm) as ONNX Runtime's exact
+        ``ConvInteger`` (u8u8, like QLinearConv), its int32 sums held as float32 and the
+        float lowering's proven requantization formula (the bias added in float64);
+        -> their uint8 codes, [N, len(rest), ...]."""
+        from .lowered import requant_candidates
+
+        plain, prep = self.plain, self.plain._prep_compute(node)
+        y = node.outputs[0]
+        depthwise = attrs.get("group", 1) > 1
+        xin = self.emit("Gather", [x4, self.const(f"{node.name}::rest_in", rest)], f"{node.name}::rest_x", axis=1) \
+            if depthwise else x4
+        acc = self.emit("ConvInteger", [xin, self.const(f"{node.name}::rest_w", (w[rest] + 128).astype(np.uint8)),
+                                        self.zero_point(node, node.inputs[0]), self.const("w_zp128", np.uint8(128))],
+                        f"{node.name}::rest_acc", **{**attrs, **({"group": int(rest.size)} if depthwise else {})})
+        accf = self.emit("Cast", [acc], f"{node.name}::rest_accf", to=TensorProto.FLOAT)
+        a, b, lo, hi = (v[rest] for v in channel_ranges(plain, node))
+        bias = np.zeros(rest.size, np.int64) if prep["bias"] is None else \
+            np.broadcast_to(prep["bias"], (len(prep["rows"]),))[rest].astype(np.int64)
+        sub = {"M": _subset(prep.get("M"), rest), "S": _subset(prep.get("S"), rest),
+               "scale": _subset(prep.get("scale"), rest)}
+        zp = int(self.codes(node, y).zero_point)
+
+        def exact(acc_: np.ndarray) -> np.ndarray:
+            yy = plain._requant(node, torch.from_numpy(acc_ + bias[:, None]), {**prep, **sub}, axis=0).numpy()
+            return np.clip(yy + zp, lo[:, None] + zp, hi[:, None] + zp) - zp
+
+        m = None if plain.rounding == "onnx" else np.broadcast_to(multiplier_value(sub["M"], sub["S"]), a.shape)
+        shift = None if m is None else np.broadcast_to(sub["S"], a.shape)
+        scale = None if m is not None else np.broadcast_to(np.asarray(sub["scale"], np.float32), a.shape)
+        formula = None
+        for group in requant_candidates(plain.rounding, m, scale, shift, bias, negative=bool((lo < 0).any())):
+            formula = fit(exact, group, a - bias, b - bias, lo, hi)
+            if formula is not None:
+                break
+        if formula is None:
+            self.refuse(node, "no float formula proven for the channels no float32 scale reproduces")
+        f32 = self._float_builder()
+        part = dataclasses.replace(node, name=f"{node.name}::rest", outputs=[f"{y}::rest_f"])
+        self.report[part.name] = "ConvInteger, " + f32._formula(part, formula, accf, lo, hi, [-1, 1, 1])
+        shifted = self.emit("Add", [f"{y}::rest_f", self.const(f"{y}::zp_f", self._zero_point(y))], f"{y}::rest_fq")
+        return self.emit("Cast", [shifted], f"{y}::rest_q", to=TensorProto.UINT8)
+
+    def _scales(self, node):
+        """(float32 scales [C], int32 bias [C] or None, proven [C]): with unit x and y
+        scales, QLinearConv's ``rint(float32(acc + bias) * s)`` is proven equal to the
+        node's requantization on every accumulator channel c can reach where
+        ``proven[c]``.
+
+        ONNX Runtime adds the bias in int32, so each channel's accumulators must stay
+        in int32. A channel whose output is one constant over its range (a dead
+        channel, say, its bias saturated at int32's end) gets scale 1 and a bias
+        that gives that constant with the range inside int32."""
+        plain = self.plain
+        prep = plain._prep_compute(node)
+        a, b, lo, hi = channel_ranges(plain, node)
+        zp = int(self.graph.values[node.outputs[0]].quant.zero_point)
+
+        def rule(acc: np.ndarray) -> np.ndarray:
+            y = plain._requant(node, torch.from_numpy(acc), prep, axis=0).numpy()
+            return np.clip(y + zp, lo[:, None] + zp, hi[:, None] + zp) - zp
+
+        bias = np.zeros(a.shape, np.int64) if prep["bias"] is None else \
+            np.broadcast_to(prep["bias"], a.shape).astype(np.int64)
+        ends = rule(np.stack([a, b], axis=1))
+        # constant channels: scale 1 and the accumulators pushed beyond the clamp (or onto the constant)
+        constant = (ends[:, 0] == ends[:, 1]) & ((ends[:, 0] == lo) | (ends[:, 0] == hi) | (a == b))
+        half = (b - a) // 2
+        fixed = np.where(ends[:, 0] == lo, -(2**31) + 1 + half, np.where(ends[:, 0] == hi, 2**31 - 1 - half,
+                                                                           ends[:, 0]))
+        bias = np.where(constant, fixed, bias)
+        a, b = np.where(constant, bias - half, a), np.where(constant, bias + half, b)
+        in_int32 = (a >= -(2**31)) & (b < 2**31)
+        bias = np.where(in_int32, bias, 0)  # (those channels are computed apart)
+        a, b = np.where(in_int32, a, 0), np.where(in_int32, b, 0)
+
+        def exact(acc: np.ndarray) -> np.ndarray:
+            return np.where(constant[:, None], ends[:, :1], rule(acc))
+
+        if plain.rounding == "onnx":
+            candidates = [np.broadcast_to(np.asarray(prep["scale"], np.float32), a.shape)]
+        else:
+            m = np.broadcast_to(multiplier_value(prep["M"], prep["S"]), a.shape)
+            candidates = [float32_nudged(m, ulps) for ulps in SCALE_NUDGES]
+        candidates = [np.where(constant, np.float32(1), s) for s in candidates]
+        formula, proven = fit_channels(exact, [Formula(s, rnd="round") for s in candidates], a, b, lo, hi)
+        scales = candidates[0] if formula is None else formula.r
+        keep_bias = prep["bias"] is not None or constant.any()
+        return scales.astype(np.float32), (bias if keep_bias else None), proven & in_int32
 
     def _elementwise(self, node):
+        if self.plain.rounding != "onnx":
+            return self._in_float(node, "fixed-point arithmetic")
         if node.op not in ("Add", "Mul") or any(f"input{k}" in node.quant for k in range(2)):
-            self.refuse(node, "no QLinear form (Sub, or a constant operand)")
+            return self._in_float(node, "no QLinear form")
         a, b = node.inputs[:2]
         self.emit(f"QLinear{node.op}", [a, *self.qparams(node, a), b, *self.qparams(node, b),
                                        *self.qparams(node, node.outputs[0])], node.outputs[0], "com.microsoft")
 
     def _pool(self, node):
-        if node.op != "GlobalAveragePool":
-            self.refuse(node, "no QLinear form for this pooling")
+        if self.plain.rounding != "onnx" or node.op != "GlobalAveragePool":
+            return self._in_float(node, "no QLinear form")
         x = node.inputs[0]
         self.emit("QLinearGlobalAveragePool", [x, *self.qparams(node, x), *self.qparams(node, node.outputs[0])],
                   node.outputs[0], "com.microsoft", channels_last=0)
 
     def _lut(self, node):
         x = node.inputs[0]
-        self.qparams(node, x), self.qparams(node, node.outputs[0])
+        self.codes(node, x), self.codes(node, node.outputs[0])
         table = self.plain._table(node).numpy().astype(np.uint8)  # indexed by the uint8 code (qmin 0)
         idx = self.emit("Cast", [x], f"{node.name}::idx", to=TensorProto.INT32)
         self.emit("Gather", [self.const(f"{node.name}::table", table), idx], node.outputs[0], axis=0)
 
     def _passthrough(self, node):
         if node.op not in MOVERS:
-            self.refuse(node, "no uint8 form")
-        self.qparams(node, node.inputs[0])
+            return self._in_float(node, "no uint8 form")
+        self.codes(node, node.inputs[0])
         g = self.graph
         for name in node.inputs[1:]:
-            if name and not g.values[name].is_const:
-                self.refuse(node, f"input '{name}' is computed")
             if name and node.op == "Concat":
-                self.qparams(node, name)
+                self.codes(node, name)
+            elif name and not g.values[name].is_const:
+                self.refuse(node, f"input '{name}' is computed")
             elif name:
                 self.const(name, np.asarray(g.values[name].data))
         if node.op == "Concat":
@@ -128,3 +296,11 @@ class QOperatorBuilder(LoweringBuilder):
         self.nodes.extend(_nodes_of(g, node))
 
     _concat = _passthrough
+
+
+def _subset(arr, channels: np.ndarray):
+    """Per-channel constants restricted to ``channels`` (per-tensor ones as they are)."""
+    if arr is None:
+        return None
+    arr = np.asarray(arr)
+    return arr if arr.size == 1 else arr.reshape(-1)[channels]
