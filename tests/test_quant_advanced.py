@@ -207,14 +207,69 @@ def test_adaround_learns_rounding_on_the_grid_seeded_and_resumable(tmp_path):
     # resumed from the cache: every layer reused, the same weights
     again = npuforge.quantize(g, calib, opts)
     assert again.metadata["quantization"]["adaround"]["reused"] == 4
-    for n in learnt.nodes:
-        if "weight" in n.quant:
-            np.testing.assert_array_equal(again.values[n.quant["weight"]].data, learnt.values[n.quant["weight"]].data)
-    # seeded: without the cache the same rounding is learnt again
+
+    def constants(q):
+        return [q.values[n.quant[k]].data for n in q.nodes for k in ("weight", "bias") if k in n.quant]
+
+    assert len(constants(learnt)) == 8
+    for a, b in zip(constants(again), constants(learnt)):  # the biases corrected alike
+        np.testing.assert_array_equal(a, b)
+    # seeded: without the cache the same rounding (and bias correction) is learnt again
     fresh = npuforge.quantize(g, calib, {**opts, "adaround_cache": ""})
-    for n in learnt.nodes:
-        if "weight" in n.quant:
-            np.testing.assert_array_equal(fresh.values[n.quant["weight"]].data, learnt.values[n.quant["weight"]].data)
+    for a, b in zip(constants(fresh), constants(learnt)):
+        np.testing.assert_array_equal(a, b)
+
+
+def shift_left(q, feeds, compute) -> dict:
+    """Per layer with a bias: |mean output shift| per channel against the float network (the
+    layer-wise float side, float weights), in steps of the int32 bias."""
+    from npuforge.ops.registry import get_op
+    from npuforge.quant.bias_correction import output_shift
+    from npuforge.quant.layerwise import run_layerwise, without_activation
+
+    left = {}
+
+    def measure(node, xs_f, xs_q, pre_f):
+        if "bias" in node.quant:
+            pre_q = get_op(node.op).forward(without_activation(node), xs_q)[0]
+            left[node.name] = np.abs(output_shift(node, pre_q, pre_f)) / q.values[node.inputs[2]].quant.scale
+
+    run_layerwise(q, feeds, compute, measure)
+    return left
+
+
+def test_adaround_corrects_each_bias_once_its_rounding_is_learnt():
+    """By default AdaRound corrects a layer's bias right after learning its rounding, so the
+    layers after it learn on corrected inputs: no shift is left but the int32 rounding, where
+    AdaRound without it leaves shifts of many steps."""
+    from npuforge.quant.adaround import adaround
+
+    g = graph_of(51)
+    calib = data(52, n=4)
+    base = npuforge.quantize(g, calib, {"granularity": "per-tensor", "weight_method": "minmax"})
+    compute = {n.name for n in base.nodes if "weight" in n.quant}
+    feeds = [{base.inputs[0]: b} for b in calib]
+    corrected, plain = copy.deepcopy(base), copy.deepcopy(base)
+    assert adaround(corrected, feeds, compute, iterations=60)["biases_corrected"] == 4
+    assert adaround(plain, feeds, compute, iterations=60, bias_correction=False)["biases_corrected"] == 0
+    first = next(n for n in base.nodes if n.name in compute)  # same input: same rounding
+    np.testing.assert_array_equal(corrected.values[first.quant["weight"]].data,
+                                  plain.values[first.quant["weight"]].data)
+    left, before = shift_left(corrected, feeds, compute), shift_left(plain, feeds, compute)
+    assert len(left) == 4 and max(float(v.max()) for v in left.values()) < 1 + 1e-3
+    assert max(float(v.max()) for v in before.values()) > 10
+    for n in corrected.nodes:  # the float bias kept for later passes, the int32 one follows the corrected one
+        if "bias" in n.quant:
+            b = corrected.values[n.inputs[2]]
+            assert not np.array_equal(b.float_data, b.data)
+            np.testing.assert_array_equal(corrected.values[n.quant["bias"]].data, b.quant.quantize(b.data))
+    x = np.concatenate(calib)
+    ref = run(g, x)
+
+    def shift(q):
+        return float(np.abs((run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]] - ref).mean(axis=0)).mean())
+
+    assert shift(corrected) < 0.5 * shift(plain)
 
 
 def test_bias_correction_after_adaround_measures_against_the_float_weights():
@@ -222,9 +277,7 @@ def test_bias_correction_after_adaround_measures_against_the_float_weights():
     still compare with the float network (the float weights), so a second pass over the
     same images finds only the int32 bias rounding left to correct (before, it compared
     with the rounded weights and found the weights' share of each shift)."""
-    from npuforge.ops.registry import get_op
-    from npuforge.quant.bias_correction import output_shift
-    from npuforge.quant.layerwise import float_data, run_layerwise, without_activation
+    from npuforge.quant.layerwise import float_data, run_layerwise
 
     g = graph_of(41)
     calib = data(42, n=4)
@@ -241,14 +294,7 @@ def test_bias_correction_after_adaround_measures_against_the_float_weights():
             w = q.values[n.inputs[1]]
             np.testing.assert_array_equal(w.quant.quantize(w.data), q.values[n.quant["weight"]].data)
             assert not np.array_equal(float_data(w), w.data)
-    left = {}
-
-    def measure(node, xs_f, xs_q, pre_f):
-        if "bias" in node.quant:
-            pre_q = get_op(node.op).forward(without_activation(node), xs_q)[0]
-            left[node.name] = np.abs(output_shift(node, pre_q, pre_f)) / q.values[node.inputs[2]].quant.scale
-
-    run_layerwise(q, feeds, compute, measure)
+    left = shift_left(q, feeds, compute)
     # what is left is the int32 rounding of the old and the new bias: under one step each channel
     assert len(left) == 4 and max(float(v.max()) for v in left.values()) < 1 + 1e-3
 

@@ -25,9 +25,25 @@ kept beside them in memory (``value.float_data``, see ``layerwise.float_data``)
 so that the bias correction run after AdaRound compares with the float network,
 not with one whose weights are already rounded.
 
+Bias correction inside the pass (``bias_correction=True``, the default): right
+after a layer's rounding is learnt, its bias (float and int32) is corrected per
+output channel by the mean difference between the float layer's pre-activation
+(float weights, float input) and the rounded one (learnt weights, int32 bias,
+the quantized network's input), over the positions where the float output is in
+the activation's linear part (``bias_correction.correct_layer_bias``, what the
+separate pass does), so every later layer learns its rounding on corrected
+inputs. Judged on held-out calibration images of Lite0 (learn on 0-79, KL
+divergence of the softmax from float on 80-99 and their mirror images): per
+tensor (equalized) 0.0049 against 0.0080 without it, per channel 0.00171 both
+(logit MSE 0.0043 against 0.0048, top-1 agreement 40/40 against 38/40;
+docs/quantization.md). A separate bias-correction pass after it finds only the
+int32 rounding left. The float biases are kept beside the corrected ones
+(``float_data``) as the weights are.
+
 Resumable: with a cache folder, each layer's rounding is saved once learnt,
-keyed by the layer's weights, scale, input statistics and the options, and a
-rerun reuses what matches.
+keyed by the layer's weights, scale, input statistics and the options (the bias
+correction's included; the bias is corrected again from the cached rounding),
+and a rerun reuses what matches.
 """
 
 from __future__ import annotations
@@ -40,7 +56,8 @@ import torch
 
 from ..ops.activation import apply_fused
 from ..ops.registry import get_op
-from .layerwise import float_data, run_layerwise, without_activation
+from .bias_correction import correct_layer_bias, has_bias
+from .layerwise import const_tensor, float_data, run_layerwise, without_activation
 
 ZETA, GAMMA = 1.1, -0.1
 DEFAULT_ITERATIONS = 300
@@ -90,17 +107,19 @@ def _cache_key(node, w: np.ndarray, scale, x_q: torch.Tensor, options: dict) -> 
 
 def adaround(graph, feeds: list[dict], compute_nodes: set, *, iterations: int = DEFAULT_ITERATIONS,
              images_per_step: int = 8, crop: int = 64, reg: float = 0.01, lr: float = 3e-2, seed: int = 0,
-             cache_dir: str | None = None, progress=None) -> dict:
+             bias_correction: bool = True, cache_dir: str | None = None, progress=None) -> dict:
     """Learn the rounding of every quantized Conv / Gemm weight in ``compute_nodes``, in
-    place. -> report {layers, iterations, flipped (share of weights rounded the other
-    way than nearest), reused (layers taken from the cache)}."""
+    place; with ``bias_correction``, correct each layer's bias right after its rounding is
+    learnt (module docstring). -> report {layers, iterations, flipped_share (share of
+    weights rounded the other way than nearest), reused (layers taken from the cache),
+    biases_corrected}."""
     options = {"iterations": iterations, "images": images_per_step, "crop": crop, "reg": reg, "lr": lr,
-               "seed": seed}
+               "seed": seed, "bias_correction": bias_correction}
     cache = Path(cache_dir) if cache_dir else None
     if cache is not None:
         cache.mkdir(parents=True, exist_ok=True)
     targets = {n.name for n in graph.nodes if n.name in compute_nodes and "weight" in n.quant}
-    stats = {"layers": 0, "reused": 0, "flipped": 0, "weights": 0}
+    stats = {"layers": 0, "reused": 0, "flipped": 0, "weights": 0, "biases": 0}
 
     def visit(node, xs_f, xs_q, pre_f):
         wv = graph.values[node.inputs[1]]
@@ -129,10 +148,16 @@ def adaround(graph, feeds: list[dict], compute_nodes: set, *, iterations: int = 
         wv.float_data = float_data(wv)  # the float network of a later pass (bias correction) needs these
         wv.data = wp.dequantize(q).astype(wv.data.dtype)
         graph.values[node.quant["weight"]].data = q
+        if bias_correction and has_bias(graph, node):  # measured with the learnt weights and the int32 bias
+            bias = graph.values[node.inputs[2]]
+            correct_layer_bias(graph, node, [xs_q[0], const_tensor(wv, True), const_tensor(bias, True),
+                                             *xs_q[3:]], pre_f)
+            stats["biases"] += 1
 
     run_layerwise(graph, feeds, targets, visit, progress)
     return {"layers": stats["layers"], "iterations": iterations, "reused": stats["reused"],
-            "flipped_share": round(stats["flipped"] / max(stats["weights"], 1), 4)}
+            "flipped_share": round(stats["flipped"] / max(stats["weights"], 1), 4),
+            "biases_corrected": stats["biases"]}
 
 
 def _learn(node, w: np.ndarray, wp, xs_f: list, xs_q: list, seed: int, options: dict) -> np.ndarray:

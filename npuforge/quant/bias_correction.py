@@ -51,23 +51,35 @@ def output_shift(node, pre_q: torch.Tensor, pre_f: torch.Tensor, chunk: int = 8)
     return (total / count.clamp(min=1)).numpy()
 
 
+def has_bias(graph, node) -> bool:
+    """Whether ``node`` has a constant, quantized bias (the ones bias correction can change)."""
+    return (len(node.inputs) > 2 and bool(node.inputs[2]) and graph.values[node.inputs[2]].is_const
+            and "bias" in node.quant)
+
+
+def correct_layer_bias(graph, node, xs_q: list, pre_f: torch.Tensor) -> float:
+    """Correct one layer's bias in place (float and int32) by its output shift on the quantized
+    inputs ``xs_q`` (constants as the fake-quant run sees them) against the float
+    pre-activation ``pre_f``. -> mean |shift|."""
+    pre_q = get_op(node.op).forward(without_activation(node), xs_q)[0]
+    shift = output_shift(node, pre_q, pre_f)
+    bias = graph.values[node.inputs[2]]
+    bias.float_data = float_data(bias)  # as AdaRound's weights: a later pass runs the float network
+    bias.data = (bias.data.astype(np.float64) - shift.reshape(bias.data.shape)).astype(bias.data.dtype)
+    graph.values[node.quant["bias"]].data = bias.quant.quantize(bias.data)
+    return float(np.abs(shift).mean())
+
+
 def correct_bias(graph, feeds: list[dict], compute_nodes: set, progress=None) -> dict:
     """Correct the biases of ``compute_nodes`` (names) of the quantized ``graph`` in
     place, from ``feeds`` (input batches, {name: array}): the float bias and its
     int32 constant. -> report {corrected, mean_abs_shift, without_bias}."""
-    has_bias = {n.name for n in graph.nodes if n.name in compute_nodes and len(n.inputs) > 2 and n.inputs[2]
-                and graph.values[n.inputs[2]].is_const and "bias" in n.quant}
+    with_bias = {n.name for n in graph.nodes if n.name in compute_nodes and has_bias(graph, n)}
     shifts = []
 
     def visit(node, xs_f, xs_q, pre_f):
-        pre_q = get_op(node.op).forward(without_activation(node), xs_q)[0]
-        shift = output_shift(node, pre_q, pre_f)
-        bias = graph.values[node.inputs[2]]
-        bias.float_data = float_data(bias)  # as AdaRound's weights: a later pass runs the float network
-        bias.data = (bias.data.astype(np.float64) - shift.reshape(bias.data.shape)).astype(bias.data.dtype)
-        graph.values[node.quant["bias"]].data = bias.quant.quantize(bias.data)
-        shifts.append(float(np.abs(shift).mean()))
+        shifts.append(correct_layer_bias(graph, node, xs_q, pre_f))
 
-    run_layerwise(graph, feeds, has_bias, visit, progress)
+    run_layerwise(graph, feeds, with_bias, visit, progress)
     return {"corrected": len(shifts), "mean_abs_shift": float(np.mean(shifts)) if shifts else 0.0,
-            "without_bias": sorted(compute_nodes - has_bias)}
+            "without_bias": sorted(compute_nodes - with_bias)}
