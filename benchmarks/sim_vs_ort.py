@@ -4,7 +4,8 @@
     .venv/bin/python benchmarks/sim_vs_ort.py QMODEL.nfir --agreement DIR [--skip 100] [--rounding MODES]
 
 Throughput (default): images/s of the integer simulator (fixedpoint and onnx
-rounding; its plain torch path and its ONNX Runtime lowering) and of an ONNX
+rounding; its plain torch path and its ONNX Runtime lowerings: ONNX Runtime's
+integer operators, and float operators on exact integers) and of an ONNX
 Runtime session of npuforge's QDQ export (ORT fuses it into its int8 kernels),
 and of the float model (the ceiling of anything on float kernels), same random
 batch, same thread count, one process, after one warm-up batch each; prints the
@@ -56,12 +57,15 @@ def bench(graph, batch: int, batches: int, threads: int) -> None:
                                    providers=["CPUExecutionProvider"])
     rows = []
     ort_ips = throughput(lambda a: session.run(None, {name: a}), x, batches)
-    for mode in ("fixedpoint", "onnx"):
+    for mode, form in (("fixedpoint", "qoperator"), ("fixedpoint", "float"), ("onnx", "qoperator")):
         start = time.perf_counter()
-        low = LoweredSimulator(graph, mode, threads)
+        low = LoweredSimulator(graph, mode, threads, form=form)
         built = time.perf_counter() - start
-        rows.append((f"integer simulator, `{mode}`, ONNX Runtime lowering ({low.form}; built in {built:.1f} s)",
+        split = sum(1 for how in low.lowering.values() if how.startswith("QLinearConv; "))
+        rows.append((f"integer simulator, `{mode}`, ONNX Runtime lowering, {form} form (built in {built:.1f} s"
+                     f"{f'; {split} convolutions with channels apart' if split else ''})",
                      throughput(lambda a: low.run({name: a}), x, batches)))
+    for mode in ("fixedpoint", "onnx"):
         sim = IntegerSimulator(graph, mode)
         rows.append((f"integer simulator, `{mode}`, plain torch path", throughput(lambda a: sim.run({name: a}), x,
                                                                                     batches)))

@@ -51,22 +51,32 @@ def test_integer_agrees_with_fake_quant(quantized, imagenet_sample):
 def test_lowered_simulator_is_bit_exact_on_lite0(quantized, imagenet_sample):
     """The ONNX Runtime fast path computes the same codes as the plain simulator on real
     images: ONNX Runtime's own integer operators in every rounding mode (each Conv a
-    QLinearConv for the channels whose multipliers the quantizer matched, the rest
-    apart), and the float lowering."""
+    QLinearConv for the channels it reproduces, the rest apart; fewer apart with
+    --ort-multipliers), and the float lowering."""
     from npuforge.workflow import transform_of
     from npuforge.zoo.data import ImageDataset, iter_batches
 
-    report = quantized.metadata["quantization"]["ort_multipliers"]
-    assert report["matched"] >= 0.9 * report["channels"] and report["max_relative_change"] < 2**-20
+    import copy
+
+    from npuforge.quant.ort_multipliers import match_multipliers
+
     dataset = ImageDataset(imagenet_sample, None, limit=8, skip=100)
     x, _, _ = next(iter_batches(dataset, transform_of(quantized.metadata["preprocess"]), 8, 2))
     name, out = quantized.inputs[0], quantized.outputs[0]
-    for mode, form in (("fixedpoint", "qoperator"), ("single", "qoperator"), ("onnx", "qoperator"),
-                       ("fixedpoint", "float")):
-        low = LoweredSimulator(quantized, mode, form=form)
+    matched = copy.deepcopy(quantized)  # as quantize --ort-multipliers leaves it
+    report = match_multipliers(matched)
+    assert report["matched"] >= 0.9 * report["channels"] and report["max_relative_change"] <= 2**-18
+    apart = {}
+    for graph, mode, form in ((quantized, "fixedpoint", "qoperator"), (quantized, "single", "qoperator"),
+                              (quantized, "onnx", "qoperator"), (quantized, "fixedpoint", "float"),
+                              (matched, "fixedpoint", "qoperator")):
+        low = LoweredSimulator(graph, mode, form=form)
         assert low.form == form
         if form == "qoperator":
             convs = [how for node, how in low.lowering.items() if node.endswith(("Conv", "Gemm"))]
             assert len(convs) == 50 and all(how.startswith("QLinearConv") for how in convs)
+            apart[graph is matched, mode] = sum(1 for how in convs if ";" in how)
         np.testing.assert_array_equal(low.run({name: x}, dequantize=False)[out],
-                                      IntegerSimulator(quantized, mode).run({name: x}, dequantize=False)[out])
+                                      IntegerSimulator(graph, mode).run({name: x}, dequantize=False)[out])
+    # (onnx: two depthwise layers have a channel whose accumulators may leave int32)
+    assert apart[False, "onnx"] <= 2 and apart[True, "fixedpoint"] < apart[False, "fixedpoint"]

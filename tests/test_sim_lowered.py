@@ -301,7 +301,7 @@ def test_multiplier_interval_holds_exactly_the_matching_multipliers(seed, e, zp,
 def test_matched_multipliers_run_as_qlinearconv(case):
     """After match_multipliers (the quantizer's last step), the fixed-point and single
     modes run a Conv's matched channels as QLinearConv, bit for bit, with multipliers
-    moved by less than 2^-20."""
+    moved by less than 2^-18."""
     from npuforge.quant.ort_multipliers import match_multipliers
     from npuforge.quant.requant import multiplier_value, requant_multiplier
 
@@ -314,7 +314,7 @@ def test_matched_multipliers_run_as_qlinearconv(case):
     report = match_multipliers(g)
     after = np.asarray(g.values[g.nodes[0].quant["multiplier"]].data, np.int64)
     assert report["channels"] == len(before)  # (the share matched on a real model: test_sim_integer_model)
-    assert np.all(np.abs(after - before) <= before * 2.0**-20)
+    assert np.all(np.abs(after - before) <= before * 2.0**-18)
     unmatched = report["channels"] - report["matched"]  # (where float32 rounding moves a step: run apart)
     for mode in ("fixedpoint", "single"):  # (single rounding, once, may be reproduced where a right shift is left)
         lowering = both(g, {"x": x}, mode)["qoperator"].lowering["n"]
@@ -363,3 +363,11 @@ def test_dead_channels_with_a_bias_at_int32s_end():
     match_multipliers(g)
     for mode in MODES:
         assert both(g, {"x": x}, mode)["qoperator"].lowering["n"] == "QLinearConv"
+
+
+def test_ort_and_tflite_multipliers_exclude_each_other():
+    from npuforge.errors import NpuforgeError
+    from npuforge.quant.config import QuantConfig
+
+    with pytest.raises(NpuforgeError, match="exclude each other"):
+        QuantConfig(ort_multipliers=True, tflite_multipliers=True)

@@ -36,10 +36,12 @@ def add_quantize_parser(sub) -> None:
     p.add_argument("--reduce-range", action="store_true",
                    help="7-bit weights, for ONNX Runtime's int8 kernels on x86 CPUs without VNNI")
     p.add_argument("--tflite-multipliers", action="store_true",
-                   help="requantization multipliers exactly as TFLite computes them (normalized; the fixed-point "
-                        "rule then rounds twice after a right shift); default: short right shifts folded in (one "
-                        "rounding) and each Conv / Gemm multiplier moved by a few parts in 2^24 at most to one "
-                        "ONNX Runtime's integer convolution reproduces (the integer simulator's fast path)")
+                   help="requantization multipliers normalized as TFLite stores them (the fixed-point rule then "
+                        "rounds twice after a right shift); default: short right shifts folded in, one rounding")
+    p.add_argument("--ort-multipliers", action="store_true",
+                   help="move each Conv / Gemm multiplier by at most 2^-18 of itself to one ONNX Runtime's integer "
+                        "convolution reproduces exactly: the integer simulator then runs almost every channel on "
+                        "ONNX Runtime's int8 kernels (docs/simulator.md)")
     p.add_argument("--int16", default="", metavar="NAMES", help="comma-separated values or nodes kept at int16")
     p.add_argument("--keep-float", default="", metavar="NODES", help="comma-separated nodes kept in float")
     p.add_argument("--equalize", action="store_true",
@@ -52,6 +54,9 @@ def add_quantize_parser(sub) -> None:
                    help="learn each weight's rounding layer by layer on the calibration images (minutes)")
     p.add_argument("--adaround-iters", type=int, default=300, metavar="N",
                    help="AdaRound steps per layer (default 300)")
+    p.add_argument("--no-adaround-bias-correction", dest="adaround_bias_correction", action="store_false",
+                   help="leave the biases as they are while AdaRound learns (by default each layer's bias is "
+                        "corrected right after its rounding, so later layers learn on corrected inputs)")
     p.add_argument("--adaround-cache", metavar="DIR",
                    help="where AdaRound keeps each learnt layer, so an interrupted run resumes "
                         "(default: OUT with suffix .adaround)")
@@ -101,9 +106,9 @@ def cmd_quantize(args) -> int:
     config = QuantConfig(method=args.method, granularity=args.granularity, activation_dtype=args.activation_dtype,
                          symmetric=args.symmetric, reduce_range=args.reduce_range, int16=_names(args.int16),
                          keep_float=_names(args.keep_float), strict=args.strict, equalize=args.equalize,
-                         tflite_multipliers=args.tflite_multipliers,
+                         tflite_multipliers=args.tflite_multipliers, ort_multipliers=args.ort_multipliers,
                          bias_correction=args.bias_correction, adaround=args.adaround,
-                         adaround_iters=args.adaround_iters,
+                         adaround_iters=args.adaround_iters, adaround_bias_correction=args.adaround_bias_correction,
                          adaround_cache=(args.adaround_cache or str(out.with_suffix(".adaround"))) if args.adaround
                          else "")
     log = stderr_log

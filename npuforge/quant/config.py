@@ -45,14 +45,19 @@ class QuantConfig:
     adaround: bool = field(default=False, metadata={
         "help": "AdaRound: learn each weight's rounding (up or down) layer by layer on the calibration data"})
     adaround_iters: int = field(default=300, metadata={"help": "AdaRound optimisation steps per layer"})
+    adaround_bias_correction: bool = field(default=True, metadata={
+        "help": "correct each layer's bias right after AdaRound learns its rounding, so later layers learn on "
+                "corrected inputs"})
     adaround_cache: str = field(default="", metadata={
         "help": "folder where AdaRound saves each layer's rounding as it is learnt; a rerun reuses them (resume)"})
     tflite_multipliers: bool = field(default=False, metadata={
-        "help": "store requantization multipliers exactly as TFLite does (normalized to [2^30, 2^31)); by "
-                "default right shifts of up to 10 bits are folded into the multiplier, so fixed-point "
-                "requantization rounds once instead of twice, and each Conv / Gemm multiplier is moved by at "
-                "most a few parts in 2^24 to one that ONNX Runtime's integer convolution reproduces exactly "
-                "(the integer simulator's fast path)"})
+        "help": "store requantization multipliers normalized to [2^30, 2^31) as TFLite does; by default right "
+                "shifts of up to 10 bits are folded into the multiplier, so fixed-point requantization rounds "
+                "once instead of twice"})
+    ort_multipliers: bool = field(default=False, metadata={
+        "help": "move each Conv / Gemm multiplier by at most 2^-18 of itself to one whose fixed-point rule ONNX "
+                "Runtime's integer convolution reproduces exactly, so the integer simulator runs more of the "
+                "model on ONNX Runtime's int8 kernels (not with tflite_multipliers)"})
     strict: bool = field(default=False, metadata={
         "help": "an op with no quantization rule is an error instead of a warning (it is kept in float)"})
 
@@ -66,6 +71,9 @@ class QuantConfig:
             raise NpuforgeError(f"quantization option percentile={self.percentile}: give a value in (50, 100]")
         if self.bins < 256 or self.bins & (self.bins - 1):
             raise NpuforgeError(f"quantization option bins={self.bins}: give a power of two >= 256")
+        if self.ort_multipliers and self.tflite_multipliers:
+            raise NpuforgeError("quantization options ort_multipliers and tflite_multipliers exclude each other: "
+                                "TFLite's multipliers are its exact values")
         if self.adaround_iters < 1:
             raise NpuforgeError(f"quantization option adaround_iters={self.adaround_iters}: give at least 1")
         self.int16, self.keep_float, self.per_channel = list(self.int16), list(self.keep_float), list(self.per_channel)

@@ -284,10 +284,10 @@ def quantize(model, data, config=None, *, optimize: bool = True, progress=None, 
     compute = {name for name, kind in plan.kinds.items() if kind == "compute"}
     if config.adaround:
         _step(steps, "adaround", layer_progress, adaround, graph, data, compute, iterations=config.adaround_iters,
-              cache_dir=config.adaround_cache or None)
+              bias_correction=config.adaround_bias_correction, cache_dir=config.adaround_cache or None)
     if config.bias_correction:
         _step(steps, "bias_correction", layer_progress, correct_bias, graph, data, compute)
-    if not config.tflite_multipliers:  # last: it depends on the final weights and biases
+    if config.ort_multipliers:  # last: it depends on the final weights and biases
         _step(steps, "ort_multipliers", None, match_multipliers, graph, compute)
     graph.metadata["quantization"] = {
         "config": config.to_dict(),

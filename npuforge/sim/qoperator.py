@@ -38,7 +38,7 @@ from ..export.onnx_export import _nodes_of
 from ..ops.activation import FUSED_ATTRS
 from ..quant.requant import multiplier_value
 from .lowering_base import LoweringBuilder, channel_ranges
-from .monotone_fit import Formula, fit, fit_channels, float32_nudged
+from .monotone_fit import Formula, fit, fit_channels, float32_nudged, verify
 
 SCALE_NUDGES = tuple(sorted(range(-3, 4), key=abs))  # ulps from float32(multiplier) tried per channel
 
@@ -243,14 +243,18 @@ class QOperatorBuilder(LoweringBuilder):
         def exact(acc: np.ndarray) -> np.ndarray:
             return np.where(constant[:, None], ends[:, :1], rule(acc))
 
-        if plain.rounding == "onnx":
-            candidates = [np.broadcast_to(np.asarray(prep["scale"], np.float32), a.shape)]
+        if plain.rounding == "onnx":  # the rule itself: only the constant channels need a proof
+            scales = np.where(constant, np.float32(1), np.broadcast_to(np.asarray(prep["scale"], np.float32), a.shape))
+            proven = np.ones(a.shape, bool)
+            k = np.flatnonzero(constant)
+            if k.size:
+                proven[k] = verify(lambda acc: np.broadcast_to(ends[k, :1], acc.shape), Formula(scales[k], rnd="round"),
+                                   a[k], b[k], lo[k], hi[k])
         else:
             m = np.broadcast_to(multiplier_value(prep["M"], prep["S"]), a.shape)
-            candidates = [float32_nudged(m, ulps) for ulps in SCALE_NUDGES]
-        candidates = [np.where(constant, np.float32(1), s) for s in candidates]
-        formula, proven = fit_channels(exact, [Formula(s, rnd="round") for s in candidates], a, b, lo, hi)
-        scales = candidates[0] if formula is None else formula.r
+            candidates = [np.where(constant, np.float32(1), float32_nudged(m, ulps)) for ulps in SCALE_NUDGES]
+            formula, proven = fit_channels(exact, [Formula(s, rnd="round") for s in candidates], a, b, lo, hi)
+            scales = candidates[0] if formula is None else formula.r
         keep_bias = prep["bias"] is not None or constant.any()
         return scales.astype(np.float32), (bias if keep_bias else None), proven & in_int32
 
