@@ -93,6 +93,48 @@ def requant_candidates(rounding: str, m: np.ndarray | None, scale: np.ndarray | 
     return out
 
 
+def requant_rule(plain, node, prep: dict, lo: np.ndarray, hi: np.ndarray, offset: np.ndarray | None = None):
+    """acc [C, J] (row c: channel c of ``prep``) -> the plain simulator's output codes of
+    ``acc + offset``, zero point removed, clamped to [lo_c, hi_c]: the rule a lowering
+    must equal."""
+    zp = int(plain._q(node.outputs[0]).zero_point)
+
+    def rule(acc: np.ndarray) -> np.ndarray:
+        y = plain._requant(node, torch.from_numpy(acc if offset is None else acc + offset[:, None]), prep,
+                           axis=0).numpy()
+        return np.clip(y + zp, lo[:, None] + zp, hi[:, None] + zp) - zp
+
+    return rule
+
+
+def channel_subset(prep: dict, channels: np.ndarray) -> dict:
+    """``prep`` with its per-channel requantization constants restricted to ``channels``."""
+    def pick(arr):
+        arr = np.asarray(arr)
+        return arr if arr.size == 1 else arr.reshape(-1)[channels]
+
+    return {**prep, **{k: pick(prep[k]) for k in ("M", "S", "scale") if prep.get(k) is not None}}
+
+
+def proven_formula(plain, node, prep: dict, offset: np.ndarray, a, b, lo, hi) -> Formula | None:
+    """The cheapest float formula (:func:`requant_candidates`) proven equal to the node's
+    requantization of ``acc + offset`` for every accumulator ``acc`` of [a_c - offset_c,
+    b_c - offset_c], per channel of ``prep``; None if there is none."""
+    channels = len(a)
+    m = scale = shift = None
+    if plain.rounding == "onnx":
+        scale = np.broadcast_to(np.asarray(prep["scale"], np.float32), (channels,))
+    else:
+        m = np.broadcast_to(multiplier_value(prep["M"], prep["S"]), (channels,))
+        shift = np.broadcast_to(prep["S"], (channels,))
+    exact = requant_rule(plain, node, prep, lo, hi, offset)
+    for group in requant_candidates(plain.rounding, m, scale, shift, offset, negative=bool((lo < 0).any())):
+        formula = fit(exact, group, a - offset, b - offset, lo, hi)
+        if formula is not None:
+            return formula
+    return None
+
+
 class _Builder(LoweringBuilder):
     """Builds the ONNX graph node by node; names are the IR's (values hold ``q - zp``)."""
 
@@ -117,8 +159,7 @@ class _Builder(LoweringBuilder):
     def _compute(self, node):
         plain = self.plain
         prep = plain._prep_compute(node)
-        self.activation(node, node.inputs[0])
-        yq = self.activation(node, node.outputs[0])
+        self.activation(node, node.inputs[0]), self.activation(node, node.outputs[0])
         if prep["ftype"] is not torch.float32:
             self.refuse(node, f"accumulators up to {prep['bound']} are beyond float32's exact 2^24")
         if node.op not in ("Conv", "Gemm", "MatMul") or node.attrs.get("activation") == "LeakyRelu":
@@ -138,24 +179,8 @@ class _Builder(LoweringBuilder):
             ins = [node.inputs[0], w] + ([self.const(f"{node.name}::b", bias.astype(np.float32))]
                                          if bias is not None else [])
             self.emit(node.op, ins, acc, **attrs)
-        a, b, lo_c, hi_c = channel_ranges(plain, node)  # b - a: bias included; the offset is added in exact()
-        zp = int(yq.zero_point)
-
-        def exact(acc: np.ndarray) -> np.ndarray:  # [C, J] accumulators -> centred output codes
-            y = plain._requant(node, torch.from_numpy(acc + offset[:, None]), prep, axis=0).numpy()
-            return np.clip(y + zp, lo_c[:, None] + zp, hi_c[:, None] + zp) - zp
-
-        m = scale = shift = None
-        if plain.rounding == "onnx":
-            scale = np.broadcast_to(np.asarray(prep["scale"], np.float32), (channels,))
-        else:
-            m = np.broadcast_to(multiplier_value(prep["M"], prep["S"]), (channels,))
-            shift = np.broadcast_to(prep["S"], (channels,))
-        formula = None
-        for group in requant_candidates(plain.rounding, m, scale, shift, offset, negative=bool((lo_c < 0).any())):
-            formula = fit(exact, group, a - offset, b - offset, lo_c, hi_c)
-            if formula is not None:
-                break
+        a, b, lo_c, hi_c = channel_ranges(plain, node)  # bias included
+        formula = proven_formula(plain, node, prep, offset, a, b, lo_c, hi_c)
         if formula is None:
             self.refuse(node, "no float formula proven equal to its requantization")
         shape = [-1] + [1] * (len(self.graph.values[node.outputs[0]].shape) - 2) if node.op == "Conv" else [-1]

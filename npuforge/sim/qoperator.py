@@ -37,8 +37,9 @@ from onnx import TensorProto
 from ..export.onnx_export import _nodes_of
 from ..ops.activation import FUSED_ATTRS
 from ..quant.requant import multiplier_value
+from .lowered import _Builder, channel_subset, proven_formula, requant_rule
 from .lowering_base import LoweringBuilder, channel_ranges
-from .monotone_fit import Formula, fit, fit_channels, float32_nudged, verify
+from .monotone_fit import Formula, fit_channels, float32_nudged, verify
 
 SCALE_NUDGES = tuple(sorted(range(-3, 4), key=abs))  # ulps from float32(multiplier) tried per channel
 
@@ -76,8 +77,6 @@ class QOperatorBuilder(LoweringBuilder):
     # -- nodes lowered in float ------------------------------------------------------------
     def _float_builder(self):
         """The float lowering, emitting into this graph."""
-        from .lowered import _Builder
-
         if self._float is None:
             self._float = _Builder(self.plain)
             self._float.nodes, self._float.inits, self._float._consts = self.nodes, self.inits, self._consts
@@ -169,9 +168,7 @@ class QOperatorBuilder(LoweringBuilder):
         ``ConvInteger`` (u8u8, like QLinearConv), its int32 sums held as float32 and the
         float lowering's proven requantization formula (the bias added in float64);
         -> their uint8 codes, [N, len(rest), ...]."""
-        from .lowered import requant_candidates
-
-        plain, prep = self.plain, self.plain._prep_compute(node)
+        prep = self.plain._prep_compute(node)
         y = node.outputs[0]
         depthwise = attrs.get("group", 1) > 1
         xin = self.emit("Gather", [x4, self.const(f"{node.name}::rest_in", rest)], f"{node.name}::rest_x", axis=1) \
@@ -180,25 +177,10 @@ class QOperatorBuilder(LoweringBuilder):
                                         self.zero_point(node, node.inputs[0]), self.const("w_zp128", np.uint8(128))],
                         f"{node.name}::rest_acc", **{**attrs, **({"group": int(rest.size)} if depthwise else {})})
         accf = self.emit("Cast", [acc], f"{node.name}::rest_accf", to=TensorProto.FLOAT)
-        a, b, lo, hi = (v[rest] for v in channel_ranges(plain, node))
+        a, b, lo, hi = (v[rest] for v in channel_ranges(self.plain, node))
         bias = np.zeros(rest.size, np.int64) if prep["bias"] is None else \
             np.broadcast_to(prep["bias"], (len(prep["rows"]),))[rest].astype(np.int64)
-        sub = {"M": _subset(prep.get("M"), rest), "S": _subset(prep.get("S"), rest),
-               "scale": _subset(prep.get("scale"), rest)}
-        zp = int(self.codes(node, y).zero_point)
-
-        def exact(acc_: np.ndarray) -> np.ndarray:
-            yy = plain._requant(node, torch.from_numpy(acc_ + bias[:, None]), {**prep, **sub}, axis=0).numpy()
-            return np.clip(yy + zp, lo[:, None] + zp, hi[:, None] + zp) - zp
-
-        m = None if plain.rounding == "onnx" else np.broadcast_to(multiplier_value(sub["M"], sub["S"]), a.shape)
-        shift = None if m is None else np.broadcast_to(sub["S"], a.shape)
-        scale = None if m is not None else np.broadcast_to(np.asarray(sub["scale"], np.float32), a.shape)
-        formula = None
-        for group in requant_candidates(plain.rounding, m, scale, shift, bias, negative=bool((lo < 0).any())):
-            formula = fit(exact, group, a - bias, b - bias, lo, hi)
-            if formula is not None:
-                break
+        formula = proven_formula(self.plain, node, channel_subset(prep, rest), bias, a, b, lo, hi)
         if formula is None:
             self.refuse(node, "no float formula proven for the channels no float32 scale reproduces")
         f32 = self._float_builder()
@@ -220,12 +202,7 @@ class QOperatorBuilder(LoweringBuilder):
         plain = self.plain
         prep = plain._prep_compute(node)
         a, b, lo, hi = channel_ranges(plain, node)
-        zp = int(self.graph.values[node.outputs[0]].quant.zero_point)
-
-        def rule(acc: np.ndarray) -> np.ndarray:
-            y = plain._requant(node, torch.from_numpy(acc), prep, axis=0).numpy()
-            return np.clip(y + zp, lo[:, None] + zp, hi[:, None] + zp) - zp
-
+        rule = requant_rule(plain, node, prep, lo, hi)
         bias = np.zeros(a.shape, np.int64) if prep["bias"] is None else \
             np.broadcast_to(prep["bias"], a.shape).astype(np.int64)
         ends = rule(np.stack([a, b], axis=1))
@@ -301,10 +278,3 @@ class QOperatorBuilder(LoweringBuilder):
 
     _concat = _passthrough
 
-
-def _subset(arr, channels: np.ndarray):
-    """Per-channel constants restricted to ``channels`` (per-tensor ones as they are)."""
-    if arr is None:
-        return None
-    arr = np.asarray(arr)
-    return arr if arr.size == 1 else arr.reshape(-1)[channels]
