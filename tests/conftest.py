@@ -20,3 +20,24 @@ def imagenet_sample() -> Path:
     if not folder.is_dir():
         pytest.skip(f"shared ImageNet sample not found at {folder} (set NPUFORGE_SHARED_DATA)")
     return folder
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Name the kernels this run's verdicts were reached on, also under -q
+    (README, "Testing on other CPUs")."""
+    import platform
+
+    import torch
+
+    from npuforge.workflow import cpu_lacks_vnni
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        ort = "not x86: ONNX Runtime's int8 kernels not characterised here"
+    elif cpu_lacks_vnni():
+        ort = "x86 without VNNI: ONNX Runtime's u8s8 kernels saturate int16 pair sums"
+    else:
+        ort = "x86 with VNNI: ONNX Runtime's u8s8 kernels exact"
+    terminalreporter.write_line(
+        f"cpu: {platform.machine()}; torch {torch.__version__} on {torch.backends.cpu.get_cpu_capability()} kernels "
+        f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'unset')}), {torch.get_num_threads()} threads; "
+        f"{ort}")

@@ -49,6 +49,12 @@ def test_dynamo_export_matches_too(reference_model):
     assert np.abs(ours - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
+def top2_gap(logits: np.ndarray) -> np.ndarray:
+    """Per row, the best logit minus the second best."""
+    top = np.sort(logits, axis=1)
+    return top[:, -1] - top[:, -2]
+
+
 @pytest.mark.slow
 def test_float_run_matches_onnxruntime_on_shared_sample(exported, reference_model, imagenet_sample):
     files = sample_files(imagenet_sample)
@@ -75,5 +81,9 @@ def test_float_run_matches_onnxruntime_on_shared_sample(exported, reference_mode
           f"vs PyTorch {diff_torch:.3g}; top-1 agreement with ORT {agree:.2%}; "
           f"top-1 npuforge {top1:.1%}, ORT {top1_ort:.1%}")
     assert diff_ort <= 1e-5 * scale
-    assert agree == 1.0
-    assert top1 == top1_ort
+    # Float kernels differ by CPU, so the two runs may rank a near-tie differently;
+    # what the bound above guarantees is the same top-1 wherever the gap between the
+    # two best logits is wider than twice the largest difference.
+    flipped = ours.argmax(1) != theirs.argmax(1)
+    assert (top2_gap(theirs)[flipped] <= 2 * diff_ort).all()
+    assert abs(top1 - top1_ort) <= flipped.mean()

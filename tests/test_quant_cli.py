@@ -133,4 +133,9 @@ def test_efficientnet_lite0_per_channel_accuracy_cost(imagenet_sample, capsys, t
     print(f"\nEfficientNet-Lite0 on 400 images: FP32 top-1 {fp32['top1']:.2f}%, int8 per-channel "
           f"(minmax, fake-quant) {int8['top1']:.2f}%")
     assert fp32["images"] == int8["images"] == 400
-    assert fp32["top1"] - int8["top1"] <= 0.5
+    # One image is 0.25 points here, and which near-tie images flip depends on the CPU's
+    # float kernels (calibration ranges and fake-quant both run on them): measured drops
+    # 0.25 on an AVX2 machine, 0.75 on an AVX-512 VNNI one (under every ATEN_CPU_CAPABILITY).
+    # The bound leaves that spread and still fails for per-tensor weights (drop 4.75 on the
+    # AVX-512 machine, 5.75 in docs/benchmarks.md) or a broken quantizer.
+    assert fp32["top1"] - int8["top1"] <= 1.0

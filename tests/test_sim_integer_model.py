@@ -37,15 +37,21 @@ def test_integer_agrees_with_fake_quant(quantized, imagenet_sample):
     logits = sim.run({name: x})[out]
     fake = run_fake_quant(quantized, {name: x})[out]
     assert set(sim.kernels.values()) == {"float32"}  # every accumulator proven exact in float32
-    agree = float((logits.argmax(1) == fake.argmax(1)).mean())
-    assert agree >= 0.96, agree  # 99.x % on the full 400 (docs/simulator.md); >= 24 of these 25
-    assert abs(float((logits.argmax(1) == y).mean()) - float((fake.argmax(1) == y).mean())) <= 0.08
-    # the logits are on the output's grid and close to fake-quant's
+    # Fake-quant runs on float kernels, which differ by CPU, so a code on a rounding
+    # boundary may land either side; what holds everywhere: the logits stay on the
+    # output's grid within a few steps of fake-quant (0.46 steps on average over 500
+    # images, docs/simulator.md), and the top-1 differs only where the two best
+    # fake-quant logits are closer than the two results differ.
     step = float(quantized.values[out].quant.scale)
-    assert np.abs(logits - fake).max() <= 12 * step
-    # onnx rounding mode runs the same program with float-scale requantization
-    onnx_logits = IntegerSimulator(quantized, "onnx").run({name: x[:4]})[out]
-    assert (onnx_logits.argmax(1) == fake[:4].argmax(1)).mean() >= 0.75
+    for got, ref in ((logits, fake), (IntegerSimulator(quantized, "onnx").run({name: x[:8]})[out], fake[:8])):
+        diff = np.abs(got - ref)
+        assert diff.max() <= 12 * step and diff.mean() <= 1.0 * step, (diff.max() / step, diff.mean() / step)
+        flipped = got.argmax(1) != ref.argmax(1)
+        ranked = np.sort(ref, axis=1)
+        assert (ranked[flipped, -1] - ranked[flipped, -2] <= 2 * diff.max(axis=1)[flipped]).all()
+    print(f"\ninteger vs fake-quant on 25 images: top-1 agreement {(logits.argmax(1) == fake.argmax(1)).mean():.0%}, "
+          f"mean |logit diff| {np.abs(logits - fake).mean() / step:.2f} steps; top-1 integer "
+          f"{(logits.argmax(1) == y).mean():.0%}, fake-quant {(fake.argmax(1) == y).mean():.0%}")
 
 
 def test_lowered_simulator_is_bit_exact_on_lite0(quantized, imagenet_sample):
