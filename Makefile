@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:
 #   make run    the main job (EfficientNet-Lite0 end to end on real photos)
 #   make test   the test suite
+# CI also runs `make test-kernels`: the quick tests again on other float kernels.
 # Both create the virtual environment first: torch is pinned and installed
 # before anything that depends on it (a CPU build of torch 2.13.0 lies on disk).
 
@@ -9,7 +10,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.npuforge-installed
 
-.PHONY: run test venv clean
+.PHONY: run test test-kernels venv clean
 
 venv: $(STAMP)
 
@@ -24,6 +25,13 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/pytest -q
+
+# The quick tests (not marked slow) on PyTorch's portable kernels with one thread,
+# then on its AVX2 kernels: a test whose verdict depends on the CPU's float kernels
+# or the thread count fails here on any machine, not only on the next one.
+test-kernels: $(STAMP)
+	ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 $(BIN)/pytest -q -m "not slow" -p no:cacheprovider
+	ATEN_CPU_CAPABILITY=avx2 $(BIN)/pytest -q -m "not slow" -p no:cacheprovider
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
