@@ -256,6 +256,28 @@ def test_quantized_ir_round_trip_and_qdq_in_ort(small, tmp_path):
     assert np.abs(out - fq).max() <= 2 * step
 
 
+@pytest.mark.parametrize("include_pad", [False, True])
+def test_qdq_average_pool_runs_in_ort_with_its_fusions(include_pad):
+    """ORT fuses DQ -> AveragePool -> Q into QLinearAveragePool, which refuses a
+    `dilations` attribute; the export leaves the all-ones default out."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(),
+                            torch.nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=include_pad)).eval()
+    graph = npuforge.from_torch(m, torch.zeros(1, 3, 12, 12))
+    calib = [np.random.default_rng(2).standard_normal((4, 3, 12, 12)).astype(np.float32)]
+    q = npuforge.quantize(graph, calib)
+    model = to_qdq_onnx(q)
+    pool = next(n for n in model.graph.node if n.op_type == "AveragePool")
+    assert "dilations" not in {a.name for a in pool.attribute}
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = ""
+    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    out = sess.run(None, {q.inputs[0]: calib[0]})[0]
+    fq = run_fake_quant(q, {q.inputs[0]: calib[0]})[q.outputs[0]]
+    assert np.abs(out - fq).max() <= 2 * float(q.values[q.outputs[0]].quant.scale)
+
+
 def test_op_without_rule_is_kept_float_with_warning_or_error_when_strict():
     m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Softmax(dim=1))
     graph = npuforge.from_torch(m, torch.zeros(1, 3, 6, 6))

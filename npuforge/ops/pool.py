@@ -119,6 +119,16 @@ class AveragePool(_WindowPool):
         total, count = self.window_sums(node, xs[0])
         return [total / count]
 
+    def onnx_nodes(self, node):
+        # ONNX Runtime fuses DQ -> AveragePool -> Q into QLinearAveragePool, which
+        # rejects a `dilations` attribute even when every entry is 1 (the default).
+        from onnx import helper
+
+        attrs = {k: v for k, v in node.attrs.items() if v is not None and v != []}
+        if all(d == 1 for d in attrs.get("dilations", [])):
+            attrs.pop("dilations", None)
+        return [helper.make_node(node.op, node.inputs, node.outputs, name=node.name, **attrs)]
+
     def window_sums(self, node, x):
         """Every window's sum and its ONNX divisor, in x's dtype (float64 sums of
         integer codes are exact, which the integer simulator relies on)."""
