@@ -28,8 +28,12 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-def load(path) -> Graph:
-    """Load an ONNX file or a saved npuforge IR (text graph + weights) as a checked Graph."""
+def load(path, input_shapes: dict | None = None) -> Graph:
+    """Load an ONNX file or a saved npuforge IR (text graph + weights) as a checked Graph.
+
+    ``input_shapes`` fixes an ONNX model's dynamic input sizes, e.g.
+    ``{"images": (1, 3, 640, 640)}`` (a string keeps a dim symbolic).
+    """
     from .ir import textio
 
     path = Path(path)
@@ -38,10 +42,13 @@ def load(path) -> Graph:
     with open(path, "rb") as f:
         head = f.read(len(MAGIC))
     if head == MAGIC.encode():
+        if input_shapes:
+            raise NpuforgeError(f"{path}: a saved IR has static input shapes already; --input-shape is for "
+                                "ONNX files")
         graph = textio.load(path)
         graph.check()
         return graph
-    return import_onnx(path)
+    return import_onnx(path, input_shapes=input_shapes)
 
 
 def save(graph: Graph, path) -> None:

@@ -17,16 +17,40 @@ from pathlib import Path
 from .errors import CheckError, NpuforgeError
 
 
-def _load(path: str):
+def parse_input_shapes(specs: list[str] | None) -> dict:
+    """``--input-shape NAME=1,3,640,640`` (repeatable; NAME= may be left out for a
+    one-input model; a non-numeric dim such as N stays symbolic) -> {name: dims}."""
+    shapes = {}
+    for spec in specs or []:
+        name, _, dims = spec.rpartition("=")
+        try:
+            shape = tuple(int(d) if d.strip().lstrip("-").isdigit() else d.strip() for d in dims.split(","))
+        except ValueError:
+            shape = ()
+        if not dims or any(d == "" or (isinstance(d, int) and d <= 0) for d in shape):
+            raise NpuforgeError(f"--input-shape {spec}: write NAME=D1,D2,... with positive sizes "
+                                f"(e.g. images=1,3,640,640)")
+        shapes[name] = shape
+    return shapes
+
+
+def add_input_shape_option(parser) -> None:
+    parser.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
+                        help="fix an ONNX model's dynamic input sizes, e.g. images=1,3,640,640 (repeat for "
+                             "several inputs; NAME= may be left out for a one-input model; a name such as N "
+                             "keeps that dim dynamic)")
+
+
+def _load(args):
     from . import load
 
-    return load(path)
+    return load(args.model, input_shapes=parse_input_shapes(args.input_shape))
 
 
 def cmd_inspect(args) -> int:
     from .ir.summary import format_summary, summarize
 
-    summary = summarize(_load(args.model))
+    summary = summarize(_load(args))
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0
 
@@ -42,7 +66,10 @@ def cmd_check(args) -> int:
     with open(path, "rb") as f:
         is_ir = f.read(len(MAGIC)) == MAGIC.encode()
     try:
-        graph = textio.load(path) if is_ir else import_onnx(path)
+        shapes = parse_input_shapes(args.input_shape)
+        if is_ir and shapes:
+            raise NpuforgeError(f"{path}: a saved IR has static input shapes already; --input-shape is for ONNX files")
+        graph = textio.load(path) if is_ir else import_onnx(path, input_shapes=shapes)
         graph.check()
     except CheckError as e:
         for problem in e.problems:
@@ -78,7 +105,7 @@ SIM_ENGINE_HELP = ("who runs the integer program: auto (default: ort where every
 def cmd_run(args) -> int:
     import numpy as np
 
-    graph = _load(args.model)
+    graph = _load(args)
     feeds = _parse_inputs(graph, args.input)
     if args.mode == "float":
         results = graph.run(feeds)
@@ -145,7 +172,8 @@ def cmd_eval(args) -> int:
         graph.metadata = meta
         forward = forward_of(graph, "ort", onnx_path=path)
     else:
-        graph = resolve_model(args.model, args.preprocess, log=stderr_log)
+        graph = resolve_model(args.model, args.preprocess, log=stderr_log,
+                              input_shapes=parse_input_shapes(args.input_shape))
         forward = forward_of(graph, args.engine, sim_engine=args.sim_engine)
     dataset = ImageDataset(args.data, args.class_table, limit=args.limit, skip=args.skip)
     if args.engine == "ort" and "quantization" in graph.metadata and not args.json:
@@ -271,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # that part of npuforge is not installed
             raise
         getattr(mod, hook)(sub)
+    for p in sub.choices.values():  # every command that reads a MODEL can fix its input sizes
+        if any(a.dest == "model" for a in p._actions):
+            add_input_shape_option(p)
     return parser
 
 
@@ -288,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("npuforge: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the output was piped into `head` or the like, which stopped reading
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
 
 
 if __name__ == "__main__":

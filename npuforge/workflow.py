@@ -53,13 +53,15 @@ def zoo_graph(name: str, log=None):
     return graph
 
 
-def resolve_model(spec: str, preprocess: str | None = None, log=None):
+def resolve_model(spec: str, preprocess: str | None = None, log=None, input_shapes: dict | None = None):
     """MODEL argument -> Graph with metadata["preprocess"] set."""
     from . import load
     from .zoo import get_config, list_models
 
     path = Path(spec)
     if not path.exists() and spec in list_models():
+        if input_shapes:
+            raise NpuforgeError(f"{spec}: zoo models have static input shapes; --input-shape is for ONNX files")
         graph = zoo_graph(spec, log)
     elif not path.exists():
         import difflib
@@ -68,7 +70,7 @@ def resolve_model(spec: str, preprocess: str | None = None, log=None):
         hint = f"; zoo models like it: {', '.join(close)}" if close else ""
         raise NpuforgeError(f"{spec}: no such file, and not a zoo model{hint}")
     else:
-        graph = load(path)
+        graph = load(path, input_shapes=input_shapes)
     if preprocess:
         graph.metadata["preprocess"] = preprocess_of(get_config(preprocess))
     elif "preprocess" not in graph.metadata:

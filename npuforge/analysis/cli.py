@@ -100,6 +100,7 @@ def _remedies(text: str) -> tuple:
 
 def cmd_analyze(args) -> int:
     from ..quant.config import QuantConfig
+    from ..cli import parse_input_shapes
     from ..workflow import resolve_model, stderr_log, transform_of
     from ..zoo.data import ImageDataset
     from .analyze import analyze
@@ -110,7 +111,8 @@ def cmd_analyze(args) -> int:
     log = (lambda m: None) if args.quiet else stderr_log  # on stderr: --json output stays clean
     config = QuantConfig(method=args.method, granularity=args.granularity, activation_dtype=args.activation_dtype,
                          symmetric=args.symmetric)
-    graph = resolve_model(args.model, args.preprocess, log=stderr_log)
+    graph = resolve_model(args.model, args.preprocess, log=stderr_log,
+                          input_shapes=parse_input_shapes(args.input_shape))
     if any(v.quant is not None for v in graph.values.values()):
         raise NpuforgeError(f"{args.model}: already quantized; analyze takes the float model")
     transform = transform_of(graph.metadata["preprocess"])

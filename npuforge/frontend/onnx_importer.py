@@ -1,4 +1,4 @@
-"""ONNX (opsets 13 to 21) -> npuforge IR.
+"""ONNX (opsets 13 to 21; 9 to 12 upgraded to 13 on the way in) -> npuforge IR.
 
 Each node is converted by its op's ``from_onnx`` and shape-inferred at once, so
 later nodes (auto_pad, static shape subgraphs) see their inputs' shapes and
@@ -23,6 +23,7 @@ from ..ir.infer import check_arity, infer_node, input_infos
 from ..ops.registry import REQUIRED, TensorInfo, get_op
 
 OPSETS = range(13, 22)
+UPGRADABLE_OPSETS = range(9, 13)  # imported through onnx's version converter to opset 13
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
@@ -78,12 +79,28 @@ def _check_model(model: onnx.ModelProto, where: str) -> int:
     opset = next((o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS), None)
     if opset is None:
         raise ModelFormatError(f"{where}: the model declares no default-domain opset")
-    if opset not in OPSETS:
+    if opset not in OPSETS and opset not in UPGRADABLE_OPSETS:
         raise UnsupportedError(
-            f"{where}: opset {opset} is not supported (opsets {OPSETS.start} to {OPSETS.stop - 1}); "
+            f"{where}: opset {opset} is not supported (opsets {UPGRADABLE_OPSETS.start} to {OPSETS.stop - 1}); "
             "re-export the model with opset_version=17"
         )
     return opset
+
+
+def _upgrade(model: onnx.ModelProto, opset: int, where: str) -> onnx.ModelProto:
+    """An opset 9-12 model rewritten to opset 13 by the onnx package's version converter
+    (Split / Squeeze / Unsqueeze axes become inputs, Upsample becomes Resize, 2-D
+    Softmax is made explicit, ...); the ops' own import rules take it from there."""
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, OPSETS.start)
+    except Exception as e:  # the converter raises RuntimeError / ConvertError with C++ text
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UnsupportedError(
+            f"{where}: opset {opset} could not be upgraded to opset {OPSETS.start} ({reason}); "
+            "re-export the model with opset_version=17"
+        ) from None
 
 
 def _attr_value(attr: onnx.AttributeProto, where: str):
@@ -161,14 +178,43 @@ def _sorted_nodes(nodes, known: set, where: str) -> list:
     return out
 
 
-def import_onnx(model, name: str | None = None) -> Graph:
-    """An ONNX file path or ModelProto -> a checked npuforge Graph."""
+def _fix_input_shapes(graph: Graph, shapes: dict, where: str) -> None:
+    """Give graph inputs the sizes the user chose (``--input-shape``): each dim an int,
+    or a name to keep that axis symbolic (the batch ``N``, say); a fixed dim the model
+    declares must be kept."""
+    for name, dims in shapes.items():
+        if name == "" and len(graph.inputs) == 1:  # NAME= left out on a one-input model
+            name = graph.inputs[0]
+        if name not in graph.inputs:
+            what = f"names '{name}', which is not a graph input" if name else "needs NAME= (several inputs)"
+            raise NpuforgeError(f"{where}: --input-shape {what}; inputs: {', '.join(graph.inputs)}")
+        v = graph.values[name]
+        dims = tuple(dims)
+        if len(dims) != len(v.shape):
+            raise NpuforgeError(f"{where}: --input-shape {name} gives {len(dims)} dims but the input has rank "
+                                f"{len(v.shape)} ({list(v.shape)})")
+        for k, (old, new) in enumerate(zip(v.shape, dims)):
+            if isinstance(old, int) and old != new:
+                raise NpuforgeError(f"{where}: --input-shape {name}: dim {k} is fixed at {old} in the model, "
+                                    f"not {new}")
+        v.shape = dims
+
+
+def import_onnx(model, name: str | None = None, input_shapes: dict | None = None) -> Graph:
+    """An ONNX file path or ModelProto -> a checked npuforge Graph.
+
+    ``input_shapes``: {input name: dims} fixing dynamic input dimensions before the
+    import (ints; a string keeps a dim symbolic), e.g. ``{"images": (1, 3, 640, 640)}``.
+    """
     if isinstance(model, (str, os.PathLike)):
         where = str(model)
         model = _read_model(Path(model))
     else:
         where = name or "<onnx model>"
     opset = _check_model(model, where)
+    if opset in UPGRADABLE_OPSETS:
+        model = _upgrade(model, opset, where)
+        opset = OPSETS.start
     g = model.graph
     graph = Graph(name or g.name or "graph")
     ctx = ImportContext(graph, opset, where)
@@ -187,7 +233,9 @@ def import_onnx(model, name: str | None = None) -> Graph:
             continue  # an initializer listed as input (IR version < 4): a constant
         v = graph.add_value(_input_value(vi, where))
         graph.inputs.append(v.name)
-        ctx.infos[v.name] = TensorInfo(v.dtype, v.shape)
+    _fix_input_shapes(graph, input_shapes or {}, where)
+    for name_ in graph.inputs:
+        ctx.infos[name_] = TensorInfo(graph.values[name_].dtype, graph.values[name_].shape)
 
     used_names = set()
     for index, onode in enumerate(_sorted_nodes(g.node, set(ctx.infos), where)):

@@ -40,6 +40,7 @@ def _save_atomically(graph, out: Path) -> None:
 
 def cmd_optimize(args) -> int:
     from .. import load
+    from ..cli import parse_input_shapes
     from ..ir.textio import weights_path
     from .manager import list_passes, optimize, resolve_passes
 
@@ -56,7 +57,7 @@ def cmd_optimize(args) -> int:
     if out.suffix == ".safetensors":
         raise NpuforgeError(f"--output {out}: name the text graph (e.g. model.nfir); the weights go to "
                             f"{weights_path(out.with_suffix('.nfir')).name} beside it")
-    graph = load(args.model)
+    graph = load(args.model, input_shapes=parse_input_shapes(args.input_shape))
 
     def progress(result):
         if args.json or args.quiet:

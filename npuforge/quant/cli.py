@@ -93,6 +93,7 @@ def write_quantized(qgraph, out: Path) -> None:
 def cmd_quantize(args) -> int:
     from tqdm import tqdm
 
+    from ..cli import parse_input_shapes
     from ..workflow import resolve_model, stderr_log, transform_of
     from ..zoo.data import ImageDataset, iter_batches
     from .quantize import quantize
@@ -112,7 +113,7 @@ def cmd_quantize(args) -> int:
                          adaround_cache=(args.adaround_cache or str(out.with_suffix(".adaround"))) if args.adaround
                          else "")
     log = stderr_log
-    graph = resolve_model(args.model, args.preprocess, log=log)
+    graph = resolve_model(args.model, args.preprocess, log=log, input_shapes=parse_input_shapes(args.input_shape))
     dataset = ImageDataset(args.calib, args.class_table)
     if len(dataset) < args.num_calib:
         raise NpuforgeError(f"--calib {args.calib}: holds {len(dataset)} images but --num-calib is "
