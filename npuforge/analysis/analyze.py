@@ -79,6 +79,8 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
     qgraph = cal.build(config)
     for name in qgraph.metadata["quantization"]["float_nodes"]:
         log(f"note: node '{name}' kept in float (no quantization rule)")
+    for m in qgraph.metadata["quantization"]["int16_concats"]:
+        log(f"note: Concat '{m['node']}' quantized in int16: its inputs' ranges differ {m['ratio']:.0f}x")
     lap("calibrate_and_quantize")
 
     ev = Evaluator(x_eval, y_eval, engine)
@@ -145,6 +147,7 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
         "output": probe.output_stats.to_dict(),
         "layers": [_layer_dict(layer) for layer in probe.layers],
         "ranking": [layer.node for layer in ranked],
+        "int16_concats": qgraph.metadata["quantization"]["int16_concats"],
         "explained": explained,
         "fixes": fixes,
         "remedies": remedy_rows,

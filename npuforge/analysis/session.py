@@ -121,13 +121,14 @@ class Calibration:
                                 f"analyse without them")
         graph = copy.deepcopy(self.graph)
         plan = make_plan(graph, config)
-        apply_parameters(graph, plan, self.observers(config.method, methods), config)
+        wide = apply_parameters(graph, plan, self.observers(config.method, methods), config, log=lambda m: None)
         graph.metadata["quantization"] = {
             "config": config.to_dict(),
             "calibration_images": self.images,
             "calibration_seconds": round(self.seconds, 3),
             "quantized_nodes": len(plan.kinds),
             "float_nodes": [n.name for n, _ in plan.kept_float],
+            "int16_concats": [m.to_dict() for m in wide],
         }
         if methods:
             graph.metadata["quantization"]["observer_overrides"] = dict(sorted(methods.items()))

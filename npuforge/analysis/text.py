@@ -29,6 +29,10 @@ def format_table(result: dict, top: int = 15) -> str:
         lines.append(f"{layer['rank']:>3}  {_short(name, width):<{width}}  {layer['op']:<17}  "
                      f"{layer['sqnr_db']:>6.1f}  {layer['isolated_sqnr_db']:>6.1f}  {layer['cosine']:>6.3f}  "
                      f"{layer['output_sqnr_db']:>6.1f}  {100 * layer['drop_share']:>5.1f}%  {wtext}")
+    for m in result.get("int16_concats", []):
+        (wn, wl, wh), (nn, nl, nh) = m["wide"], m["narrow"]
+        lines.append(f"Concat {m['node']}: input ranges differ {m['ratio']:.0f}x ({wn} [{wl:.4g}, {wh:.4g}], "
+                     f"{nn} [{nl:.4g}, {nh:.4g}]; {m['codes']:.1f} codes of a shared 8-bit grid): quantized in int16")
     if result["explained"]:
         lines.append("")
         lines.append("the worst layers kept in float:")

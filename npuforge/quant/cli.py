@@ -44,6 +44,9 @@ def add_quantize_parser(sub) -> None:
                         "ONNX Runtime's int8 kernels (docs/simulator.md)")
     p.add_argument("--int16", default="", metavar="NAMES", help="comma-separated values or nodes kept at int16")
     p.add_argument("--keep-float", default="", metavar="NODES", help="comma-separated nodes kept in float")
+    p.add_argument("--concat-range-ratio", type=float, default=16.0, metavar="R",
+                   help="a Concat whose inputs' ranges differ more than R times (a detector's boxes and scores) "
+                        "is quantized in int16, with a warning (default 16; 0 keeps every Concat in 8 bits)")
     p.add_argument("--equalize", action="store_true",
                    help="cross-layer equalization before calibration: rescale consecutive Conv/Gemm layers so "
                         "their channel ranges match (helps per-tensor weights most)")
@@ -106,7 +109,8 @@ def cmd_quantize(args) -> int:
         raise NpuforgeError(f"--num-calib {args.num_calib}: give a positive number of images")
     config = QuantConfig(method=args.method, granularity=args.granularity, activation_dtype=args.activation_dtype,
                          symmetric=args.symmetric, reduce_range=args.reduce_range, int16=_names(args.int16),
-                         keep_float=_names(args.keep_float), strict=args.strict, equalize=args.equalize,
+                         keep_float=_names(args.keep_float), concat_range_ratio=args.concat_range_ratio,
+                         strict=args.strict, equalize=args.equalize,
                          tflite_multipliers=args.tflite_multipliers, ort_multipliers=args.ort_multipliers,
                          bias_correction=args.bias_correction, adaround=args.adaround,
                          adaround_iters=args.adaround_iters, adaround_bias_correction=args.adaround_bias_correction,

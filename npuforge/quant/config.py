@@ -32,6 +32,10 @@ class QuantConfig:
     int16: list = field(default_factory=list, metadata={
         "help": "names of values (tensors) or nodes whose activations are quantized to int16"})
     keep_float: list = field(default_factory=list, metadata={"help": "names of nodes kept in float"})
+    concat_range_ratio: float = field(default=16.0, metadata={
+        "help": "a Concat whose inputs' calibrated ranges differ more than this factor (a detector's boxes and "
+                "scores, say; the narrowest input would span fewer than 256/ratio codes of the shared 8-bit grid) "
+                "is quantized in int16, with a warning naming it; 0 keeps every Concat in the activation dtype"})
     per_channel: list = field(default_factory=list, metadata={
         "help": "names of compute nodes whose weights get per-channel scales when granularity is per-tensor"})
     calibration_engine: str = field(default="ort", metadata={
@@ -74,6 +78,9 @@ class QuantConfig:
         if self.ort_multipliers and self.tflite_multipliers:
             raise NpuforgeError("quantization options ort_multipliers and tflite_multipliers exclude each other: "
                                 "TFLite's multipliers are its exact values")
+        if self.concat_range_ratio < 0 or (0 < self.concat_range_ratio < 1):
+            raise NpuforgeError(f"quantization option concat_range_ratio={self.concat_range_ratio}: give 0 (off) "
+                                "or a factor >= 1")
         if self.adaround_iters < 1:
             raise NpuforgeError(f"quantization option adaround_iters={self.adaround_iters}: give at least 1")
         self.int16, self.keep_float, self.per_channel = list(self.int16), list(self.keep_float), list(self.per_channel)

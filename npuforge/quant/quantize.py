@@ -29,6 +29,7 @@ from ..ops.registry import get_op
 from .adaround import adaround
 from .bias_correction import correct_bias
 from .calibrate import as_feeds, calibrate
+from .concat_ranges import mismatched_concats
 from .config import QuantConfig
 from .equalize import equalize
 from .params import QParams, QRANGES, from_range, weight_params
@@ -108,9 +109,9 @@ def _levels(dtype: str, symmetric: bool) -> int:
     return (hi - lo - 1) if symmetric and dtype != "uint8" else (hi - lo)
 
 
-def _group_params(graph, plan: Plan, observers: dict, config: QuantConfig) -> dict:
-    """One QParams per sharing group, from the union of its members' ranges."""
-    int16 = set(config.int16)
+def _group_params(graph, plan: Plan, observers: dict, config: QuantConfig, int16: set) -> dict:
+    """One QParams per sharing group, from the union of its members' ranges; a group
+    with a member (or its producer) named in ``int16`` is quantized in int16."""
     producer = {o: n.name for n in graph.nodes for o in n.outputs}
     members: dict[str, list[str]] = {}
     for name in sorted(plan.activations | plan.constants):
@@ -223,15 +224,23 @@ def _quantize_node(graph, node, kind: str, config: QuantConfig) -> None:
         _lut(graph, node)
 
 
-def apply_parameters(graph, plan: Plan, observers: dict, config: QuantConfig) -> None:
+def apply_parameters(graph, plan: Plan, observers: dict, config: QuantConfig, log=None) -> list:
     """Parameters on every planned value (from the observers' ranges, one set per sharing
-    group) and the integers of every quantized node, in place."""
-    for name, p in _group_params(graph, plan, observers, config).items():
+    group) and the integers of every quantized node, in place. Returns the Concat nodes
+    whose inputs' ranges were too far apart for one 8-bit grid (quantized in int16),
+    each also reported through ``log``."""
+    wide = mismatched_concats(graph, plan, observers, config.concat_range_ratio)
+    for m in wide:
+        (log or (lambda msg: warnings.warn(msg, stacklevel=3)))(
+            m.message("quantized in int16 (concat_range_ratio=0 keeps 8 bits)"))
+    int16 = set(config.int16) | {m.node for m in wide}
+    for name, p in _group_params(graph, plan, observers, config, int16).items():
         graph.values[name].quant = p
     for node in graph.nodes:
         kind = plan.kinds.get(node.name)
         if kind:
             _quantize_node(graph, node, kind, config)
+    return wide
 
 
 def _as_graph(model, optimize: bool):
@@ -280,7 +289,7 @@ def quantize(model, data, config=None, *, optimize: bool = True, progress=None, 
     observers, images, seconds = calibrate(graph, data, plan.activations, config.method, bins=config.bins,
                                            percentile=config.percentile, engine=config.calibration_engine,
                                            progress=progress)
-    apply_parameters(graph, plan, observers, config)
+    wide_concats = apply_parameters(graph, plan, observers, config, log)
     compute = {name for name, kind in plan.kinds.items() if kind == "compute"}
     if config.adaround:
         _step(steps, "adaround", layer_progress, adaround, graph, data, compute, iterations=config.adaround_iters,
@@ -295,6 +304,7 @@ def quantize(model, data, config=None, *, optimize: bool = True, progress=None, 
         "calibration_seconds": round(seconds, 3),
         "quantized_nodes": len(plan.kinds),
         "float_nodes": [n.name for n, _ in plan.kept_float],
+        "int16_concats": [m.to_dict() for m in wide_concats],
         **{step: {k: v for k, v in report.items() if not isinstance(v, list)} for step, report in steps.items()},
     }
     graph.check()
