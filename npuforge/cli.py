@@ -137,12 +137,19 @@ def cmd_ops(args) -> int:
     ops = all_ops()
     if args.json:
         print(json.dumps({name: {"inputs": list(op.inputs), "outputs": list(op.outputs), "attrs": sorted(op.attrs),
-                                 "summary": op.summary} for name, op in ops.items()}, indent=2))
+                                 "quant": op.quant, "summary": op.summary} for name, op in ops.items()}, indent=2))
         return 0
     width = max(len(n) for n in ops)
+    kinds = {name: op.quant or "float" for name, op in ops.items()}
+    kwidth = max(len(k) for k in kinds.values())
+    print(f"{'op':<{width}}  {'int8 rule':<{kwidth}}  semantics")
     for name, op in ops.items():
-        print(f"{name:<{width}}  {op.summary}")
-    print(f"{len(ops)} ops")
+        print(f"{name:<{width}}  {kinds[name]:<{kwidth}}  {op.summary}")
+    counts = {}
+    for k in kinds.values():
+        counts[k] = counts.get(k, 0) + 1
+    print(f"{len(ops)} ops ({', '.join(f'{k} {n}' for k, n in sorted(counts.items()))}; float: kept in float when "
+          f"quantizing; docs/quantization.md explains each rule)")
     return 0
 
 
@@ -254,7 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("ops", help="list the supported ops (the op registry)",
-                       description="List every op npuforge covers, with a one-line summary of its semantics.")
+                       description="List every op npuforge covers: its quantization rule (compute, matmul, "
+                                   "elementwise, pool, lut, passthrough, concat, shape; float: kept in float) "
+                                   "and a one-line summary of its semantics.")
     p.add_argument("--json", action="store_true", help="print JSON with inputs, outputs and attributes per op")
     p.set_defaults(func=cmd_ops)
 
