@@ -1,9 +1,10 @@
-"""Elementwise activations, Softmax, and the activations a Conv or Gemm can carry fused."""
+"""Elementwise activations, Softmax / LogSoftmax / Hardmax, and the activations a Conv or Gemm can carry fused."""
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .dtype_rules import FLOAT, NUMERIC, require_dtype
 from .registry import Op, TensorInfo, fail, norm_axis, register, unsupported
 
 # Activations a Conv / Gemm may carry in its ``activation`` attribute (set by the
@@ -95,6 +96,21 @@ class _Unary(Op):
         if x.dtype not in ("float16", "float32", "float64"):
             fail(node, f"expects a float input, got {x.dtype}")
         return [TensorInfo(x.dtype, x.shape)]
+
+
+class _NumericUnary(_Unary):
+    """A unary op ONNX also defines on integers (Abs, Neg, Sign, Shrink). Float
+    inputs get the lookup table; integer ones are exact arithmetic that stays
+    as it is (the quantizer's "lut" needs a float input with parameters)."""
+
+    dtypes = NUMERIC
+
+    def infer(self, node, ins):
+        require_dtype(node, ins[0], self.dtypes)
+        return [TensorInfo(ins[0].dtype, ins[0].shape)]
+
+    def quant_kind(self, node, graph):
+        return self.quant if graph.values[node.outputs[0]].dtype in FLOAT else "shape"
 
 
 @register
@@ -240,3 +256,133 @@ class Softmax(Op):
 
     def forward(self, node, xs):
         return [torch.softmax(xs[0], dim=node.attrs["axis"])]
+
+
+class _AlongAxis(Op):
+    """LogSoftmax and Hardmax: a float function of each slice along one axis. (Not
+    subclasses of Softmax, so that a quantization rule for Softmax stays its own.)"""
+
+    attrs = {"axis": -1}
+
+    def infer(self, node, ins):
+        x = ins[0]
+        require_dtype(node, x, FLOAT)
+        norm_axis(node, node.attrs["axis"], len(x.shape))
+        return [TensorInfo(x.dtype, x.shape)]
+
+
+@register
+class LogSoftmax(_AlongAxis):
+    name = "LogSoftmax"
+    summary = "log of softmax along one axis, computed stably (opset 13 semantics)"
+
+    def forward(self, node, xs):
+        return [torch.log_softmax(xs[0], dim=node.attrs["axis"])]
+
+
+@register
+class Hardmax(_AlongAxis):
+    name = "Hardmax"
+    summary = "1 at the first maximum along one axis, 0 elsewhere (opset 13 semantics)"
+
+    def forward(self, node, xs):
+        x = xs[0]
+        axis = node.attrs["axis"] % x.dim()
+        first = x.argmax(dim=axis, keepdim=True)  # torch picks the first of equal maxima, as ONNX says
+        return [torch.zeros_like(x).scatter_(axis, first, 1.0)]
+
+
+# -- smooth and thresholded activations (float only, each a lookup table when quantized) --------
+
+@register
+class Softplus(_Unary):
+    name = "Softplus"
+    summary = "log(1 + exp(x))"
+
+    def forward(self, node, xs):
+        return [F.softplus(xs[0])]
+
+
+@register
+class Softsign(_Unary):
+    name = "Softsign"
+    summary = "x / (1 + |x|)"
+
+    def forward(self, node, xs):
+        return [F.softsign(xs[0])]
+
+
+@register
+class Mish(_Unary):
+    name = "Mish"
+    summary = "x * tanh(softplus(x)) (opset 18)"
+
+    def forward(self, node, xs):
+        return [F.mish(xs[0])]
+
+
+@register
+class Elu(_Unary):
+    name = "Elu"
+    attrs = {"alpha": 1.0}
+    summary = "x if x >= 0 else alpha * (exp(x) - 1)"
+
+    def forward(self, node, xs):
+        return [F.elu(xs[0], node.attrs["alpha"])]
+
+
+@register
+class Selu(_Unary):
+    name = "Selu"
+    attrs = {"alpha": 1.67326319217681884765625, "gamma": 1.05070102214813232421875}
+    summary = "gamma * (x if x > 0 else alpha * (exp(x) - 1)), with the attributes (not torch's constants)"
+
+    def forward(self, node, xs):
+        x = xs[0]
+        a, g = node.attrs["alpha"], node.attrs["gamma"]
+        return [g * torch.where(x > 0, x, a * torch.expm1(x))]
+
+
+@register
+class Celu(_Unary):
+    name = "Celu"
+    attrs = {"alpha": 1.0}
+    summary = "max(0, x) + min(0, alpha * (exp(x / alpha) - 1)); float32 only, as ONNX defines it"
+
+    def infer(self, node, ins):
+        require_dtype(node, ins[0], ("float32",))
+        return [TensorInfo(ins[0].dtype, ins[0].shape)]
+
+    def forward(self, node, xs):
+        return [F.celu(xs[0], node.attrs["alpha"])]
+
+
+@register
+class ThresholdedRelu(_Unary):
+    name = "ThresholdedRelu"
+    attrs = {"alpha": 1.0}
+    summary = "x if x > alpha else 0"
+
+    def forward(self, node, xs):
+        x = xs[0]
+        return [torch.where(x > node.attrs["alpha"], x, torch.zeros_like(x))]
+
+
+@register
+class Shrink(_NumericUnary):
+    name = "Shrink"
+    attrs = {"bias": 0.0, "lambd": 0.5}
+    summary = "x + bias if x < -lambd, x - bias if x > lambd, else 0; integers need a whole bias"
+
+    def infer(self, node, ins):
+        if ins[0].dtype not in FLOAT and float(node.attrs["bias"]) != int(node.attrs["bias"]):
+            # ONNX does not say how x - bias would round back to an integer type
+            unsupported(node, f"bias {node.attrs['bias']} on a {ins[0].dtype} input: ONNX leaves the rounding "
+                              f"undefined (a whole-number bias is exact)")
+        return super().infer(node, ins)
+
+    def forward(self, node, xs):
+        x = xs[0]
+        lambd = node.attrs["lambd"]
+        bias = node.attrs["bias"] if x.dtype.is_floating_point else int(node.attrs["bias"])
+        return [torch.where(x < -lambd, x + bias, torch.where(x > lambd, x - bias, torch.zeros_like(x)))]

@@ -9,6 +9,10 @@ class _Binary(Op):
     inputs = (2, 2)
     quant = "elementwise"
 
+    def quant_kind(self, node, graph):
+        # integer arithmetic (shape computations) stays as it is
+        return self.quant if graph.values[node.outputs[0]].dtype in ("float16", "float32", "float64") else "shape"
+
     def infer(self, node, ins):
         a, b = ins
         if a.dtype != b.dtype:

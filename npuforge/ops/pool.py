@@ -1,5 +1,5 @@
 """Pooling: MaxPool, AveragePool (ceil_mode, count_include_pad, asymmetric pads,
-dilations) and GlobalAveragePool.
+dilations), GlobalAveragePool and GlobalMaxPool.
 
 Both windowed pools pad explicitly to exactly the extent the output needs, then
 pool without implicit padding; that gives ONNX's rules (ceil-mode windows may
@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from .conv import pop_auto_pad, same_pads, torch_pad_arg
+from .dtype_rules import FLOAT, require_dtype
 from .registry import Op, TensorInfo, fail, register, static_dims, unsupported
 
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
@@ -152,18 +153,35 @@ class AveragePool(_WindowPool):
         return total, count
 
 
-@register
-class GlobalAveragePool(Op):
-    name = "GlobalAveragePool"
-    summary = "mean over all spatial axes, kept as size-1 dims"
-    quant = "pool"
-
+class _GlobalPool(Op):
     def infer(self, node, ins):
         x = ins[0]
         if len(x.shape) < 3:
             fail(node, f"input rank {len(x.shape)} has no spatial axes")
         return [TensorInfo(x.dtype, (*x.shape[:2], *([1] * (len(x.shape) - 2))))]
 
+
+@register
+class GlobalAveragePool(_GlobalPool):
+    name = "GlobalAveragePool"
+    summary = "mean over all spatial axes, kept as size-1 dims"
+    quant = "pool"
+
     def forward(self, node, xs):
         x = xs[0]
         return [x.mean(dim=tuple(range(2, x.dim())), keepdim=True)]
+
+
+@register
+class GlobalMaxPool(_GlobalPool):
+    name = "GlobalMaxPool"
+    summary = "max over all spatial axes, kept as size-1 dims"
+    quant = "passthrough"  # selects a value: the output shares the input's parameters
+
+    def infer(self, node, ins):
+        require_dtype(node, ins[0], FLOAT)
+        return super().infer(node, ins)
+
+    def forward(self, node, xs):
+        x = xs[0]
+        return [x.amax(dim=tuple(range(2, x.dim())), keepdim=True)]

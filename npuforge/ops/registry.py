@@ -133,7 +133,10 @@ def all_ops() -> dict[str, Op]:
 
 def _load_all() -> None:
     # Importing the op modules runs their @register decorators.
-    from . import activation, conv, elementwise, linear, normalization, pool, reduce, resize, shape_ops, tensor  # noqa: F401
+    from . import (  # noqa: F401
+        activation, conv, elementwise, indexing, layout, linear, logic, math, normalization, pool, reduce, resize,
+        selection, shape_ops, tensor,
+    )
 
 
 # -- helpers shared by the shape rules ---------------------------------------

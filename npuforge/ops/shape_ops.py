@@ -1,15 +1,20 @@
-"""Ops of shape subgraphs: Shape, Gather, Cast, ConstantOfShape.
+"""Ops of shape subgraphs: Shape, Size, Gather, Cast, ConstantOfShape, Range.
 
 Their values propagate at import, symbolic dims included, so the Reshape or
 Pad they feed gets a static target.
 """
+
+import math
 
 import numpy as np
 import onnx.numpy_helper
 import torch
 
 from ..ir import dtypes
-from .registry import REQUIRED, Op, Structural, TensorInfo, const_ints, fail, norm_axis, register, static_dims
+from .dtype_rules import require_dtype
+from .registry import (
+    REQUIRED, Op, Structural, TensorInfo, const_ints, dim_product, fail, norm_axis, register, static_dims, unsupported,
+)
 
 
 @register
@@ -36,6 +41,25 @@ class Shape(Op):
     def forward(self, node, xs):
         shape = tuple(xs[0].shape)
         return [torch.tensor(shape[self.window(node, len(shape))], dtype=torch.int64)]
+
+
+@register
+class Size(Op):
+    name = "Size"
+    summary = "the input's element count as an int64 scalar"
+    quant = "shape"
+
+    def infer(self, node, ins):
+        return [TensorInfo("int64", ())]
+
+    def propagate(self, node, ins, outs):
+        count = dim_product(ins[0].shape)  # 'N*12' when a dim is symbolic
+        if isinstance(count, int):
+            return [np.array(count, np.int64)]
+        return [np.array(count, dtype=object)]
+
+    def forward(self, node, xs):
+        return [torch.tensor(xs[0].numel(), dtype=torch.int64)]
 
 
 @register
@@ -129,3 +153,41 @@ class ConstantOfShape(Op):
     def forward(self, node, xs):
         shape = [int(d) for d in xs[0].tolist()]
         return [torch.full(shape, node.attrs["value"], dtype=dtypes.to_torch(node.attrs["dtype"]))]
+
+
+@register
+class Range(Op):
+    name = "Range"
+    inputs = (3, 3)
+    summary = "start + i * delta for i < max(ceil((limit - start) / delta), 0); the bounds known at import"
+    quant = "shape"
+
+    @staticmethod
+    def count(start, limit, delta) -> int:
+        """ONNX's element count; the bounds are numpy scalars of the op's dtype."""
+        if np.issubdtype(start.dtype, np.integer):
+            return max(-(-(int(limit) - int(start)) // int(delta)), 0)  # exact integer ceil
+        # limit - start in the op's precision, the quotient in double (as ONNX Runtime computes it)
+        return max(math.ceil(float(limit - start) / float(delta)), 0)
+
+    def infer(self, node, ins):
+        dtype = ins[0].dtype
+        require_dtype(node, ins[0], ("int16", "int32", "int64", "float32", "float64"), "start")
+        bounds = []
+        for what, info in zip(("start", "limit", "delta"), ins):
+            if info.dtype != dtype:
+                fail(node, f"{what} is {info.dtype}, start is {dtype}")
+            if len(info.shape) > 1 or (info.shape and info.shape[0] != 1):
+                fail(node, f"{what} must be a scalar, got shape {list(info.shape)}")
+            if info.value is None or info.value.dtype == object:
+                unsupported(node, f"{what} must be known when the graph is imported (it sets the output length)")
+            bounds.append(np.asarray(info.value).reshape(-1)[0])
+        if bounds[2] == 0:
+            fail(node, "delta is 0")
+        return [TensorInfo(dtype, (self.count(*bounds),))]
+
+    def forward(self, node, xs):
+        start, limit, delta = (x.reshape(-1)[0] for x in xs)
+        n = self.count(*(x.numpy() for x in (start, limit, delta)))
+        # output[i] = start + i * delta in the op's dtype, as ONNX writes it (not a running sum)
+        return [start + torch.arange(n, dtype=start.dtype) * delta]
