@@ -17,7 +17,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 import npuforge
 from npuforge.cli import main as cli_main
-from npuforge.errors import UnsupportedError
 from npuforge.passes import (
     DEFAULT_PIPELINE, PassFailedError, UnknownPassError, VerificationError, list_passes, optimize, random_feeds,
     register_pass, unregister_pass,
@@ -457,6 +456,25 @@ def test_per_channel_agrees_with_onnx_broadcasting(k_shape, with_batch):
         assert not np.all(full == full[:, :, :1, :1])
 
 
+# -- division by a constant --------------------------------------------------------------------------
+
+
+def test_div_by_float_constant_becomes_mul_by_its_reciprocal():
+    g = build([node("Div", ["x", "d"], ["a"]), node("Div", ["a", "v"], ["b"]), node("Div", ["b", "x"], ["y"])],
+              {"x": ["N", 4]}, ["y"], {"d": np.array(8.0, np.float32), "v": f32(4, positive=True)})
+    out = run(g, ["div_by_constant"])
+    assert ops(out) == ["Mul", "Mul", "Div"]  # x / x stays: its divisor is not a constant
+    np.testing.assert_array_equal(out.values[out.nodes[0].inputs[1]].data, np.float32(0.125))
+    # integer division truncates, and a zero divisor is the model's own: both stay Div
+    xi = helper.make_tensor_value_info("x", TensorProto.INT64, [3])
+    gi = helper.make_graph([node("Div", ["x", "k"], ["y"])], "t", [xi], [helper.make_empty_tensor_value_info("y")],
+                           [numpy_helper.from_array(np.array(2, np.int64), "k")])
+    assert ops(run(npuforge.import_onnx(helper.make_model(gi, opset_imports=[helper.make_opsetid("", 17)])),
+                   ["div_by_constant"])) == ["Div"]
+    g0 = build([node("Div", ["x", "z"], ["y"])], {"x": ["N", 4]}, ["y"], {"z": np.array(0.0, np.float32)})
+    assert ops(optimize(g0, passes=["div_by_constant"])[0]) == ["Div"]
+
+
 # -- activation patterns ------------------------------------------------------------------------------
 
 
@@ -507,12 +525,23 @@ def test_gelu_tanh_form_is_recognised(assoc):
     assert ops(out) == ["Gelu"] and out.nodes[0].attrs["approximate"] == "tanh" and out.nodes[0].inputs == ["x"]
 
 
-def test_erf_gelu_cannot_be_imported_so_it_is_not_a_pattern():
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
-    g = helper.make_graph([node("Erf", ["x"], ["y"])], "t", [x], [helper.make_empty_tensor_value_info("y")])
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    with pytest.raises(UnsupportedError, match="Erf"):
-        npuforge.import_onnx(m)
+def test_erf_gelu_as_torch_exports_it_is_recognised():
+    """nn.GELU() before opset 20: Div(x, sqrt 2) -> Erf -> Add 1 -> Mul x -> Mul 0.5."""
+    m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).eval()
+    graph = npuforge.from_torch(m, torch.zeros(2, 8))
+    assert "Erf" in graph.op_histogram()
+    out = run(graph, ["recognize_activations"])
+    gelu = [n for n in out.nodes if n.op == "Gelu"]
+    assert "Erf" not in ops(out) and len(gelu) == 1 and gelu[0].attrs["approximate"] == "none"
+    x = RNG.standard_normal((5, 8)).astype(np.float32)
+    with torch.no_grad():
+        ref = m(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(out.run({out.inputs[0]: x})[out.outputs[0]], ref, rtol=0, atol=1e-5)
+    # an erf of another scale is not GELU
+    g = build([node("Mul", ["x", "k"], ["u"]), node("Erf", ["u"], ["e"]), node("Add", ["e", "one"], ["p"]),
+               node("Mul", ["x", "p"], ["xp"]), node("Mul", ["xp", "half"], ["y"])], {"x": ["N", 8]}, ["y"],
+              {"k": np.array(0.5, np.float32), "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)})
+    assert "Gelu" not in ops(run(g, ["recognize_activations"]))
 
 
 def test_pattern_feeding_a_conv_then_fuses_nothing_into_it():

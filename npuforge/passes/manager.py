@@ -61,6 +61,7 @@ _PASSES: dict[str, PassInfo] = {}
 # Conv followed by a recognised Swish is left alone while Conv -> Relu fuses.
 DEFAULT_PIPELINE = (
     "fold_constants",
+    "div_by_constant",
     "remove_identity",
     "simplify_layout",
     "cse",
@@ -92,7 +93,7 @@ def unregister_pass(name: str) -> None:
 
 def _load_all() -> None:
     from . import (  # noqa: F401  (importing registers them)
-        cse, dead_code, fold_batchnorm, fold_constants, fold_pad, fuse_activation, fuse_bias,
+        cse, dead_code, div_by_constant, fold_batchnorm, fold_constants, fold_pad, fuse_activation, fuse_bias,
         recognize_activations, remove_identity, simplify_layout,
     )
 

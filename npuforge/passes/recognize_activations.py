@@ -3,15 +3,12 @@
 * Swish:     x * sigmoid(x)                               -> Swish(x)
 * HardSwish: x * HardSigmoid(x; alpha=1/6, beta=0.5)      -> HardSwish(x)
              x * Clip(x + 3, 0, 6) / 6  (or * (1/6))      -> HardSwish(x)
+* GELU, exact: 0.5 * x * (1 + erf(x / sqrt(2)))              -> Gelu(x)
+  (how torch exports nn.GELU() before opset 20: Div, Erf, Add, Mul, Mul)
 * GELU, tanh approximation:
              0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))  -> Gelu(x, approximate="tanh")
-  with x^3 written as x * x * x (Pow is not an npuforge op), the constants and
-  the products in any order or association, and ``/ c`` for ``* (1/c)``.
-
-Not recognised, because it cannot be imported: the exact (erf) GELU
-``0.5 * x * (1 + erf(x / sqrt(2)))`` needs the Erf op and ``x ** 3`` the Pow
-op, neither of which npuforge registers (the import rejects them with an error
-naming the node). Export GELU at opset >= 20, where it is one Gelu node.
+  with x^3 written as x * x * x, the constants and the products in any order or
+  association, and ``/ c`` for ``* (1/c)``.
 
 How: the factors of a product tree (Mul, and Div by a constant scalar) are
 collected; one factor must be a "marker" (Sigmoid, HardSigmoid, Clip, or
@@ -31,6 +28,7 @@ from .rewrite import prune, scalar
 
 RTOL = 1e-5
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+SQRT_HALF = math.sqrt(0.5)
 
 
 def _close(a: float, b: float) -> bool:
@@ -120,7 +118,7 @@ def _candidates(graph, name: str, producers: dict) -> list:
 
 
 def _marker(graph, name: str, producers: dict) -> tuple | None:
-    """(kind, argument) of a marker value: sigmoid / hardsigmoid / clip / 1 + tanh."""
+    """(kind, argument) of a marker value: sigmoid / hardsigmoid / clip / 1 + tanh / 1 + erf."""
     prod = producers.get(name)
     if prod is None:
         return None
@@ -132,8 +130,8 @@ def _marker(graph, name: str, producers: dict) -> tuple | None:
         for t, one in ((prod.inputs[0], prod.inputs[1]), (prod.inputs[1], prod.inputs[0])):
             tp = producers.get(t)
             c = scalar(graph, one)
-            if tp is not None and tp.op == "Tanh" and c is not None and _close(c, 1.0):
-                return "Tanh", tp.inputs[0], prod
+            if tp is not None and tp.op in ("Tanh", "Erf") and c is not None and _close(c, 1.0):
+                return tp.op, tp.inputs[0], prod
     return None
 
 
@@ -143,6 +141,10 @@ def _match(graph, kind, u, mnode, x, const_product, producers) -> tuple | None:
     if kind == "Sigmoid":
         if p is not None and _poly_is(p, {1: 1.0}) and _close(const_product, 1.0):
             return "Swish", {}
+        return None
+    if kind == "Erf":
+        if p is not None and _poly_is(p, {1: SQRT_HALF}) and _close(const_product, 0.5):
+            return "Gelu", {"approximate": "none"}
         return None
     if kind == "Tanh":
         if p is not None and _poly_is(p, {1: SQRT_2_OVER_PI, 3: SQRT_2_OVER_PI * 0.044715}) \
@@ -194,7 +196,7 @@ def _recognize(graph, root, producers) -> tuple | None:
 
 
 @register_pass("recognize_activations",
-               "x*sigmoid(x) -> Swish, x*hardsigmoid(x) -> HardSwish, tanh-form GELU -> Gelu")
+               "x*sigmoid(x) -> Swish, x*hardsigmoid(x) -> HardSwish, erf- and tanh-form GELU -> Gelu")
 def recognize_activations(graph) -> int:
     changes = 0
     producers = graph.producers()
