@@ -82,10 +82,10 @@ def test_ops_lists_registry(capsys):
     assert code == 0 and "ConvTranspose" in out and "Resize" in out
     rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[1:-1]}
     assert rows["Conv"] == "compute" and rows["Concat"] == "concat" and rows["Sigmoid"] == "lut"
-    assert rows["MaxPool"] == "passthrough" and rows["Softmax"] == "float"
+    assert rows["MaxPool"] == "passthrough" and rows["Softmax"] == "softmax" and rows["TopK"] == "float"
     code, out, _ = run_cli(capsys, "ops", "--json")
     ops = json.loads(out)
-    assert ops["Conv"]["quant"] == "compute" and ops["Softmax"]["quant"] is None
+    assert ops["Conv"]["quant"] == "compute" and ops["TopK"]["quant"] is None
 
 
 def test_corrupt_onnx(capsys, tmp_path):

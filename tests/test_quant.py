@@ -279,14 +279,14 @@ def test_qdq_average_pool_runs_in_ort_with_its_fusions(include_pad):
 
 
 def test_op_without_rule_is_kept_float_with_warning_or_error_when_strict():
-    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Softmax(dim=1))
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.LogSoftmax(dim=1))
     graph = npuforge.from_torch(m, torch.zeros(1, 3, 6, 6))
     calib = [np.random.default_rng(0).standard_normal((4, 3, 6, 6)).astype(np.float32)]
     messages = []
     q = npuforge.quantize(graph, calib, log=messages.append)
-    assert any("(Softmax) kept in float: no quantization rule" in m for m in messages)
+    assert any("(LogSoftmax) kept in float: no quantization rule" in m for m in messages)
     assert q.values[q.outputs[0]].quant is None
-    with pytest.raises(NpuforgeError, match=r"\(Softmax\) has no quantization rule \(strict mode\)"):
+    with pytest.raises(NpuforgeError, match=r"\(LogSoftmax\) has no quantization rule \(strict mode\)"):
         npuforge.quantize(graph, calib, {"strict": True})
     for option in ("keep_float", "per_channel"):
         with pytest.raises(NpuforgeError, match=f"{option} names unknown node"):

@@ -128,7 +128,7 @@ def _quant_problems(graph) -> list[str]:
     for n in graph.nodes:
         for role, name in n.quant.items():
             v = graph.values.get(name)
-            if v is None or not v.is_const or v.dtype not in ("int8", "uint8", "int16", "int32"):
+            if v is None or not v.is_const or v.dtype not in ("int8", "uint8", "int16", "int32", "int64"):
                 problems.append(f"node '{n.name}' ({n.op}): quantization integer '{role}' names '{name}', "
                                 f"which is not an integer constant")
     return problems

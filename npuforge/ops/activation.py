@@ -247,7 +247,18 @@ class Clip(Op):
 class Softmax(Op):
     name = "Softmax"
     attrs = {"axis": -1}
-    summary = "softmax along one axis (opset 13 semantics)"
+    summary = "softmax along one axis (opset 13 semantics); int8: exp table, int64 sum, integer division"
+    quant = "softmax"  # the integer rule: npuforge/quant/softmax_rule.py
+
+    def quantize_integers(self, graph, node, add):
+        from ..quant.softmax_rule import quantize_integers
+
+        quantize_integers(graph, node, add)
+
+    def integer_forward(self, sim, node, env):
+        from ..quant.softmax_rule import integer_forward
+
+        return integer_forward(sim, node, env)
 
     def infer(self, node, ins):
         x = ins[0]

@@ -75,7 +75,24 @@ class LayerNormalization(Op):
     inputs = (2, 3)
     outputs = (1, 3)
     attrs = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
-    summary = "normalize over the axes from axis on, * Scale + B; float32 Mean / InvStdDev outputs (stash_type 1)"
+    summary = ("normalize over the axes from axis on, * Scale + B; float32 Mean / InvStdDev outputs (stash_type 1); "
+               "int8: integer mean, variance and square root")
+    quant = "layernorm"  # the integer rule: npuforge/quant/layernorm_rule.py
+
+    def quant_kind(self, node, graph):
+        # the integer rule needs constant Scale / B and computes only Y
+        params = [i for i in node.inputs[1:] if i]
+        return self.quant if len(node.outputs) == 1 and all(graph.values[i].is_const for i in params) else None
+
+    def quantize_integers(self, graph, node, add):
+        from ..quant.layernorm_rule import quantize_integers
+
+        quantize_integers(graph, node, add)
+
+    def integer_forward(self, sim, node, env):
+        from ..quant.layernorm_rule import integer_forward
+
+        return integer_forward(sim, node, env)
 
     def from_onnx(self, ctx, node):
         _check_stash_type(node)

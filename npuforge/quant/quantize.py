@@ -36,7 +36,6 @@ from .params import QParams, QRANGES, from_range, weight_params
 from .ort_multipliers import match_multipliers
 from .requant import activation_code_bounds, requant_multiplier
 
-QUANTIZED_KINDS = ("compute", "matmul", "elementwise", "pool", "lut", "passthrough", "concat")
 
 
 @dataclass
@@ -57,6 +56,12 @@ class Plan:
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
             self.parent[rb] = ra
+
+
+def _owns_rule(node) -> bool:
+    """The op's class decides its integers (``quantize_integers``) and runs them
+    (``integer_forward``): the kinds beyond the seven generic ones (softmax, layernorm)."""
+    return hasattr(get_op(node.op), "quantize_integers")
 
 
 def _is_float(graph, name: str) -> bool:
@@ -85,8 +90,8 @@ def make_plan(graph, config: QuantConfig) -> Plan:
         float_ins = [i for i in node.inputs if _is_float(graph, i)]
         if kind == "compute":
             float_ins = float_ins[:1]  # weight and bias are quantized by the node
-        elif kind in ("lut", "pool", "passthrough"):
-            float_ins = float_ins[:1]  # other float inputs are parameters (Clip bounds, pad value)
+        elif kind in ("lut", "pool", "passthrough") or _owns_rule(node):
+            float_ins = float_ins[:1]  # other float inputs are parameters (Clip bounds, pad value, scale)
         for name in float_ins:
             (plan.constants if graph.values[name].is_const else plan.activations).add(name)
         outs = [o for o in node.outputs if _is_float(graph, o)]
@@ -222,6 +227,8 @@ def _quantize_node(graph, node, kind: str, config: QuantConfig) -> None:
         _requant(graph, node, "", np.float64(ins[0].scale) / np.float64(out.scale), config)
     elif kind == "lut":
         _lut(graph, node)
+    elif _owns_rule(node):
+        get_op(node.op).quantize_integers(graph, node, lambda role, data: _add_int(graph, node, role, data))
 
 
 def apply_parameters(graph, plan: Plan, observers: dict, config: QuantConfig, log=None) -> list:

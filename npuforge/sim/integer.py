@@ -142,8 +142,8 @@ class IntegerSimulator:
         out = self.graph.values[node.outputs[0]] if node.outputs and node.outputs[0] else None
         if out is None or out.quant is None:
             return None
-        if kind in ("compute", "matmul", "elementwise", "pool", "lut") and not node.quant:
-            return None
+        if kind not in ("passthrough", "concat") and not node.quant:
+            return None  # quantized around, but no integers of its own: runs in float
         return kind
 
     # -- run -----------------------------------------------------------------------------
@@ -239,7 +239,10 @@ class IntegerSimulator:
             ys = get_op(node.op).forward(node, [self._as_float(i, env) for i in node.inputs])
             return [torch.from_numpy(self._q(o).quantize(y.numpy())) if self._q(o) is not None and
                     y.dtype.is_floating_point else y for o, y in zip(node.outputs, ys)]
-        return getattr(self, f"_{kind}")(node, env)
+        handler = getattr(self, f"_{kind}", None)
+        if handler is None:  # a kind whose integer kernel lives with its op (softmax, layernorm)
+            return get_op(node.op).integer_forward(self, node, env)
+        return handler(node, env)
 
     def _store(self, y64: torch.Tensor, p, lo=None, hi=None) -> torch.Tensor:
         lo = p.qmin if lo is None else lo

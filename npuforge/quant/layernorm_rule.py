@@ -1,0 +1,96 @@
+"""The integer LayerNormalization (quantization kind "layernorm"): decided once by
+the quantizer, run by the integer simulator.
+
+Over the N elements of each normalized slice, with input codes q (scale ``s_x``) and
+output scale ``s_y`` / zero point ``zp_y``:
+
+1. ``c = N * q - sum(q)``: N times the centred code, exact (the zero point cancels);
+2. ``V = sum(c^2)``, so the variance in codes is ``V / N^3``; ``E = round(eps / s_x^2 * N^3)``
+   carries epsilon on the same scale (at least 1, so a constant slice divides by it);
+3. ``r = isqrt((N << P) // (V + E))`` with ``P`` the largest even number keeping
+   ``N << P`` below 2^62: ``c * r / 2^(P/2)`` is the normalized value, ``|c * r| <=
+   2^(P/2) * sqrt(N)`` (a single ``c^2`` never exceeds ``V``); ``r`` keeps about
+   ``31 - 1.5 log2(N) - log2(sigma)`` significant bits, sigma the slice's deviation in
+   codes (14 for N = 384 and sigma = 20);
+4. ``y = floor((c * r * G + B + 2^(T-1)) / 2^T) + zp_y``, saturated, with per-element
+   ``G = round(scale / s_y * 2^F)``, ``B = round(bias / s_y * 2^T)``, ``T = P/2 + F`` and
+   the largest ``F <= 24`` that keeps every term below 2^61.
+
+All of it is int64 arithmetic; the integer square root is exact (a float64 estimate
+corrected by one step each way).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..errors import NpuforgeError
+
+MAX_F = 24
+LIMIT = 61  # every intermediate stays below 2^61 (and so their sum below 2^63)
+
+
+def _geometry(graph, node) -> tuple[int, int]:
+    shape = graph.values[node.inputs[0]].shape
+    axis = node.attrs["axis"] % len(shape)
+    dims = shape[axis:]
+    if not all(isinstance(d, int) for d in dims):
+        raise NpuforgeError(f"node '{node.name}' (LayerNormalization): the normalized axes {list(dims)} must be "
+                            f"static to quantize it")
+    return axis, int(np.prod(dims))
+
+
+def _p_bits(n: int) -> int:
+    p = 62 - n.bit_length()
+    return p - (p % 2)
+
+
+def quantize_integers(graph, node, add) -> None:
+    """Store E, G, B and the shifts of one LayerNormalization node (``add(role, array)``)."""
+    xp, yp = graph.values[node.inputs[0]].quant, graph.values[node.outputs[0]].quant
+    axis, n = _geometry(graph, node)
+    normalized = graph.values[node.inputs[0]].shape[axis:]
+    scale = np.broadcast_to(np.asarray(graph.values[node.inputs[1]].data, np.float64), normalized)
+    bias = (np.broadcast_to(np.asarray(graph.values[node.inputs[2]].data, np.float64), normalized)
+            if len(node.inputs) > 2 and node.inputs[2] else np.zeros(normalized))
+    s_x, s_y = float(xp.scale), float(yp.scale)
+    eps = max(1, round(node.attrs["epsilon"] / (s_x * s_x) * n ** 3))
+    half_p = _p_bits(n) // 2
+    g_max = max(float(np.abs(scale).max()) / s_y, 1e-30)
+    b_max = float(np.abs(bias).max()) / s_y
+    # |c r G| <= 2^(P/2) sqrt(N) |scale|/s_y 2^F and |B| = |bias|/s_y 2^(P/2+F), each below 2^LIMIT
+    f = min(MAX_F, math.floor(LIMIT - half_p - 0.5 * math.log2(n) - math.log2(g_max)))
+    if b_max > 0:
+        f = min(f, math.floor(LIMIT - half_p - math.log2(b_max)))
+    if f < 8:
+        raise NpuforgeError(f"node '{node.name}' (LayerNormalization): its scale and bias over the output step "
+                            f"leave {f} fractional bits; keep it in float (keep_float)")
+    add("scale", np.rint(scale * (2.0 ** f / s_y)).astype(np.int64))
+    add("bias", np.rint(bias * (2.0 ** (half_p + f) / s_y)).astype(np.int64))
+    add("epsilon", np.asarray(eps, np.int64))
+    add("shift", np.asarray(half_p + f, np.int64))
+
+
+def isqrt(a: torch.Tensor) -> torch.Tensor:
+    """floor(sqrt(a)) of non-negative int64 values below 2^62, exactly."""
+    r = torch.sqrt(a.to(torch.float64)).floor().to(torch.int64)
+    r = torch.where(r * r > a, r - 1, r)
+    return torch.where((r + 1) * (r + 1) <= a, r + 1, r)
+
+
+def integer_forward(sim, node, env) -> list:
+    q = sim._as_codes(node.inputs[0], env).to(torch.int64)
+    axis, n = _geometry(sim.graph, node)
+    dims = tuple(range(axis, q.dim()))
+    c = n * q - q.sum(dim=dims, keepdim=True)
+    v = (c * c).sum(dim=dims, keepdim=True)
+    r = isqrt((n << _p_bits(n)) // (v + int(sim._int(node, "epsilon"))))
+    g = torch.from_numpy(sim._int(node, "scale"))
+    b = torch.from_numpy(sim._int(node, "bias"))
+    t = int(sim._int(node, "shift"))
+    y = (c * r * g + b + (1 << (t - 1))) >> t
+    p = sim._q(node.outputs[0])
+    return [sim._store(y + int(p.zero_point), p)]

@@ -1,0 +1,216 @@
+"""The transformer path in int8: Softmax and LayerNormalization with exact integer
+rules (checked against plain Python-integer references), GELU as a table, MatMul of
+two activations, and a whole attention block quantized end to end."""
+
+from __future__ import annotations
+
+import io
+import math
+import warnings
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import npuforge
+from npuforge.export import to_qdq_onnx
+from npuforge.sim.fake_quant import run_fake_quant
+from npuforge.sim.integer import IntegerSimulator
+
+
+def _graph(module, example):
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), example, buf, dynamo=False, opset_version=17, input_names=["x"],
+                          output_names=["y"])
+    return npuforge.import_onnx(onnx.load_from_string(buf.getvalue()))
+
+
+def _quantized(module, shape, seed=0, batches=3):
+    torch.manual_seed(seed)
+    graph = _graph(module, torch.zeros(*shape))
+    rng = np.random.default_rng(seed)
+    calib = [rng.standard_normal(shape).astype(np.float32) for _ in range(batches)]
+    messages = []
+    q = npuforge.quantize(graph, calib, log=messages.append)
+    return graph, q, calib, messages
+
+
+def _node(q, op):
+    return next(n for n in q.nodes if n.op == op)
+
+
+def _codes(q, x, name):
+    return IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x}, outputs=[name], dequantize=False)[name]
+
+
+# -- Softmax -----------------------------------------------------------------------------------------
+
+class SoftmaxNet(torch.nn.Module):
+    def __init__(self, axis):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 24)
+        self.axis = axis
+
+    def forward(self, x):
+        return torch.softmax(self.fc(x) * 2.0, self.axis)
+
+
+def softmax_reference(q_in, table, r, m, zp, qmin, qmax, axis):
+    """The documented rule in plain Python integers, element by element."""
+    q = np.moveaxis(q_in.astype(object), axis, -1)
+    out = np.empty(q.shape, dtype=np.int64)
+    for idx in np.ndindex(q.shape[:-1]):
+        row = [int(v) for v in q[idx]]
+        top = max(row)
+        e = [int(table[v - top + len(table) - 1]) for v in row]
+        total = sum(e)
+        out[idx] = [min(max((2 * ei * r + total * 2 ** m) // (2 * total * 2 ** m) + zp, qmin), qmax) for ei in e]
+    return np.moveaxis(out, -1, axis)
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_softmax_integer_rule_equals_its_reference_and_tracks_float(axis):
+    graph, q, calib, messages = _quantized(SoftmaxNet(axis), (3, 5, 16))
+    node = _node(q, "Softmax")
+    assert q.values[node.outputs[0]].quant is not None and not any("kept in float" in m for m in messages)
+    x = calib[0]
+    q_in, q_out = _codes(q, x, node.inputs[0]), _codes(q, x, node.outputs[0])
+    yp = q.values[node.outputs[0]].quant
+    ref = softmax_reference(q_in, q.values[node.quant["exp"]].data, int(q.values[node.quant["multiplier"]].data),
+                            int(q.values[node.quant["shift"]].data), int(yp.zero_point), yp.qmin, yp.qmax, axis)
+    np.testing.assert_array_equal(q_out.astype(np.int64), ref)
+    # against fake-quant (float softmax of the same dequantized input, rounded to the output grid)
+    fake = run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]
+    integer = IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x})[q.outputs[0]]
+    assert np.abs(integer - fake).max() <= 1.01 * float(yp.scale)
+
+
+def test_softmax_agrees_with_onnx_runtime_qlinearsoftmax_within_a_code():
+    graph, q, calib, _ = _quantized(SoftmaxNet(-1), (3, 5, 16))
+    node = _node(q, "Softmax")
+    xp, yp = q.values[node.inputs[0]].quant, q.values[node.outputs[0]].quant
+    x = calib[1]
+    q_in, q_out = _codes(q, x, node.inputs[0]), _codes(q, x, node.outputs[0])
+    consts = [helper.make_tensor(n, TensorProto.FLOAT, [], [float(p.scale)]) for n, p in (("xs", xp), ("ys", yp))]
+    consts += [helper.make_tensor(n, TensorProto.UINT8, [], [int(p.zero_point)]) for n, p in (("xz", xp), ("yz", yp))]
+    qnode = helper.make_node("QLinearSoftmax", ["x", "xs", "xz", "ys", "yz"], ["y"], domain="com.microsoft", axis=-1,
+                             opset=13)
+    g = helper.make_graph([qnode], "s", [helper.make_tensor_value_info("x", TensorProto.UINT8, list(q_in.shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.UINT8, list(q_in.shape))], consts)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)])
+    theirs = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": q_in.astype(np.uint8)})[0]
+    diff = np.abs(theirs.astype(np.int64) - q_out.astype(np.int64))
+    print(f"\nSoftmax codes vs ORT QLinearSoftmax: {100 * (diff > 0).mean():.2f}% differ, max {diff.max()}")
+    assert diff.max() <= 1
+
+
+# -- LayerNormalization -------------------------------------------------------------------------------
+
+class NormNet(torch.nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, d)
+        self.norm = torch.nn.LayerNorm(d)
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 2.0)
+            self.norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        return self.norm(self.fc(x) * 3.0 + 1.0)
+
+
+def layernorm_reference(q_in, g, b, eps, shift, zp, qmin, qmax):
+    """The documented rule in plain Python integers over the last axis."""
+    n = q_in.shape[-1]
+    p = 62 - n.bit_length()
+    p -= p % 2
+    out = np.empty(q_in.shape, np.int64)
+    for idx in np.ndindex(q_in.shape[:-1]):
+        row = [int(v) for v in q_in[idx]]
+        s = sum(row)
+        c = [n * v - s for v in row]
+        r = math.isqrt((n << p) // (sum(ci * ci for ci in c) + eps))
+        out[idx] = [min(max(((ci * r * int(gi) + int(bi) + (1 << (shift - 1))) >> shift) + zp, qmin), qmax)
+                    for ci, gi, bi in zip(c, g, b)]
+    return out
+
+
+def test_layernorm_integer_rule_equals_its_reference_and_tracks_float():
+    graph, q, calib, messages = _quantized(NormNet(), (4, 6, 16))
+    node = _node(q, "LayerNormalization")
+    assert q.values[node.outputs[0]].quant is not None and not any("kept in float" in m for m in messages)
+    x = calib[0]
+    q_in, q_out = _codes(q, x, node.inputs[0]), _codes(q, x, node.outputs[0])
+    yp = q.values[node.outputs[0]].quant
+    data = {role: q.values[name].data for role, name in node.quant.items()}
+    ref = layernorm_reference(q_in, data["scale"], data["bias"], int(data["epsilon"]), int(data["shift"]),
+                              int(yp.zero_point), yp.qmin, yp.qmax)
+    np.testing.assert_array_equal(q_out.astype(np.int64), ref)
+    fake = run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]
+    integer = IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x})[q.outputs[0]]
+    assert np.abs(integer - fake).max() <= 1.01 * float(yp.scale)
+
+
+def test_isqrt_is_exact_near_squares():
+    from npuforge.quant.layernorm_rule import isqrt
+
+    roots = np.array([0, 1, 2, 3, 2 ** 20 - 1, 2 ** 26 + 1, 2 ** 30, 2 ** 31 - 1], np.int64)  # a below 2^62
+    for delta in (-1, 0, 1):
+        a = np.maximum(roots * roots + delta, 0)
+        got = isqrt(torch.from_numpy(a)).numpy()
+        np.testing.assert_array_equal(got, [math.isqrt(int(v)) for v in a])
+
+
+# -- a whole attention block ------------------------------------------------------------------------
+
+class Block(torch.nn.Module):
+    """Pre-norm transformer block: multi-head self-attention and a GELU MLP."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads, self.dh = heads, d // heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, t, 3, self.heads, self.dh).permute(2, 0, 3, 1, 4)
+        att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(self.dh), dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.norm2(x))
+
+
+def _cosine(a, b):
+    a, b = a.reshape(-1).astype(np.float64), b.reshape(-1).astype(np.float64)
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_attention_block_quantizes_with_nothing_in_float():
+    graph, q, calib, messages = _quantized(Block(), (2, 10, 32), batches=4)
+    assert not [m for m in messages if "kept in float" in m], messages
+    hist = q.op_histogram()
+    assert {"Softmax", "LayerNormalization", "Gelu", "MatMul"} <= set(hist) and "Erf" not in hist and "Div" not in hist
+    kinds = {n.op: npuforge.ops.registry.get_op(n.op).quant_kind(n, q) for n in q.nodes}
+    assert kinds["Softmax"] == "softmax" and kinds["LayerNormalization"] == "layernorm" and kinds["Gelu"] == "lut"
+    assert all(q.values[o].quant is not None for n in q.nodes for o in n.outputs
+               if q.values[o].dtype == "float32")
+    x = np.random.default_rng(9).standard_normal((2, 10, 32)).astype(np.float32)
+    sess = ort.InferenceSession(to_qdq_onnx(q).SerializeToString(), providers=["CPUExecutionProvider"])
+    # the block's own contribution y - x (the residual stream alone would make any cosine look good)
+    ref = graph.run({"x": x})["y"] - x
+    fake = run_fake_quant(q, {"x": x})["y"] - x
+    integer = IntegerSimulator(q, "fixedpoint").run({"x": x})["y"] - x
+    qdq = sess.run(None, {"x": x})[0] - x
+    print(f"\nattention block, y - x cosine vs float: fake-quant {_cosine(fake, ref):.4f}, integer "
+          f"{_cosine(integer, ref):.4f}, ORT QDQ {_cosine(qdq, ref):.4f}; integer vs fake-quant {_cosine(integer, fake):.5f}")
+    assert min(_cosine(fake, ref), _cosine(integer, ref), _cosine(qdq, ref)) >= 0.99
+    assert _cosine(integer, fake) >= 0.999
+    sim = IntegerSimulator(q, "fixedpoint")
+    assert all(sim._kind(n) is not None for n in q.nodes)  # every node runs in integers
