@@ -153,6 +153,48 @@ def test_conv_with_a_bias_beyond_float32_goes_through_float64():
         assert mode == "onnx" or "float64" in lows["float"].lowering["n"]
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("geometry", [{"cin": 256, "hw": (4, 3)}, {"cin": 2048, "k": (1, 1), "pads": (0, 0, 0, 0),
+                                                                 "hw": (3, 3)}])
+def test_conv_with_accumulators_beyond_float32_runs_as_conv_integer(geometry, mode):
+    """Sums beyond float32's exact 2^24 (ResNet's 3x3 convolutions over 256 channels):
+    ONNX Runtime's exact u8u8 ConvInteger, cast to float64, then a float64 formula."""
+    rng = np.random.default_rng(335)
+    g, x, *_ = conv_case(rng, cout=5, **geometry)
+    g.values["y"].quant.scale = np.float32(g.values["y"].quant.scale * 200)  # outputs inside the range
+    m = np.float64(g.values["x"].quant.scale) * g.values["w"].quant.scale.astype(np.float64) / \
+        np.float64(g.values["y"].quant.scale)
+    g.values[g.nodes[0].quant["multiplier"]].data, g.values[g.nodes[0].quant["shift"]].data = \
+        (v for v in requant_ints(m).values())
+    plain = IntegerSimulator(g, mode)
+    assert plain._prep_compute(g.nodes[0])["bound"] >= 2**24
+    codes = plain.run({"x": x}, dequantize=False)["y"]
+    assert 0 < (codes > codes.min()).mean() and (codes < codes.max()).mean() > 0.5  # not just the clamp
+    low = both(g, {"x": x}, mode)["float"]
+    assert mode == "onnx" or "float64" in low.lowering["n"]
+
+
+def test_gemm_with_accumulators_beyond_float32_runs_in_double():
+    rng = np.random.default_rng(371)
+    xp_, yp = qp("uint8", 0.02, 120), qp("uint8", 4.0, 128)
+    wq = rng.integers(-127, 128, (6, 2500)).astype(np.int8)  # transB: [N, K]; sum |w| * 136 > 2^24
+    ws = np.float32(0.004)
+    bias = rng.integers(-5000, 5000, 6).astype(np.int32)
+    x = rng.integers(0, 256, (4, 2500)).astype(np.uint8)
+    b = G()
+    b.input("x", x.shape, xp_)
+    from npuforge.quant.params import QParams
+
+    b.const("w", wq.astype(np.float32) * ws, QParams("int8", np.float32(ws), np.int32(0)))
+    b.const("bias", bias.astype(np.float32) * np.float32(0.02 * ws))
+    g = b.node("Gemm", ["x", "w", "bias"], (4, 6), yp,
+               {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 1, "activation": "", "activation_params": []},
+               {"weight": wq, "bias": bias, **requant_ints(0.02 * float(ws) / 4.0)})
+    for mode in MODES:
+        assert IntegerSimulator(g, mode)._prep_compute(g.nodes[0])["bound"] >= 2**24
+        both(g, {"x": x}, mode)
+
+
 @pytest.mark.parametrize("op", ["Add", "Sub", "Mul"])
 @pytest.mark.parametrize("mode", MODES)
 def test_elementwise_lowered_equals_plain(op, mode):

@@ -24,8 +24,14 @@ plain path, which stays the reference) before the graph is accepted:
 * Ops that only move codes (Reshape, Flatten, Transpose, MaxPool, Slice, Concat,
   Pad with its value translated, ...): the op itself.
 
-A node with no proven lowering (int16 outputs, accumulators beyond float32's
-exact range, windowed AveragePool, fused LeakyRelu, ...) raises
+Accumulators beyond float32's exact 2^24 (long reductions: a classifier's final
+Gemm, ResNet's 3x3 convolutions over 256 channels) are held in float64 instead:
+Gemm / MatMul run in double, Conv as ONNX Runtime's exact u8u8 ``ConvInteger``
+(int32 sums of uint8 codes, cast to double); the requantization is then a
+proven float64 formula.
+
+A node with no proven lowering (int16 outputs, windowed AveragePool, fused
+LeakyRelu, ...) raises
 :class:`~npuforge.errors.UnsupportedError` naming it; :func:`make_simulator`
 then uses the plain path. ONNX Runtime's ``ConvAddFusion`` and ``ConvMulFusion``
 are switched off: they would fold the requantization's constants into the
@@ -59,7 +65,7 @@ DISABLED_OPTIMIZERS = ["ConvAddFusion", "ConvMulFusion"]
 
 
 def requant_candidates(rounding: str, m: np.ndarray | None, scale: np.ndarray | None, shift: np.ndarray | None,
-                       offset: np.ndarray, negative: bool) -> list[list[Formula]]:
+                       offset: np.ndarray, negative: bool, acc_dtype: type = np.float32) -> list[list[Formula]]:
     """Formulas to try for the requantization of ``acc + offset``, cheapest first; each
     inner list shares a structure (``offset``: the bias when the float kernel cannot
     hold it exactly, else 0).
@@ -72,24 +78,27 @@ def requant_candidates(rounding: str, m: np.ndarray | None, scale: np.ndarray | 
     so outputs that can be negative take the symmetric formula; with e = 0 (the
     quantizer's default form) it is one rounding, ties up, and the plain formula.
     float32 first where it can resolve every step; float64 (which holds m's 31 bits)
-    otherwise or when float32 misses a step."""
+    otherwise or when float32 misses a step; float64 only for an accumulator held in
+    float64 (``acc_dtype``)."""
     pre = offset.astype(np.float64) if np.any(offset) else None
     if rounding == "onnx":  # float32(acc + bias) * scale in float32, whatever the bias
-        return [[Formula(np.asarray(scale, np.float32), rnd="round", pre=pre)]]
+        return [[Formula(np.asarray(scale, np.float32), rnd="round", pre=pre, acc_dtype=acc_dtype)]]
     # float32 can only resolve every step when its rounding of acc * m (about 2^-16 near
     # the top of a 255-step range) is far below one accumulator's worth of m; else skip it
-    dtypes = (np.float32, np.float64) if pre is None and 2.0**-16 < np.min(m) * 2.0**-6 else (np.float64,)
+    dtypes = (np.float32, np.float64) if acc_dtype is np.float32 and pre is None and 2.0**-16 < np.min(m) * 2.0**-6 \
+        else (np.float64,)
     out = []
     for dtype in dtypes:
         r = m.astype(dtype)
         if rounding == "single":
-            out.append([Formula(r, np.full(r.shape, 0.5, dtype), dtype=dtype, pre=pre)])
+            out.append([Formula(r, np.full(r.shape, 0.5, dtype), dtype=dtype, pre=pre, acc_dtype=acc_dtype)])
             continue
         e = np.maximum(-shift, 0)
         b = (0.5 + np.where(e > 0, 0.5 ** (e + 1), 0.0)).astype(dtype)
         # with no right shift there is one rounding, ties up on both sides: the plain formula
         forms = (False, True) if not negative or not np.any(e > 0) else (True, False)
-        out += [[Formula(r, b, dtype=dtype, pre=pre, symmetric=symmetric)] for symmetric in forms[:1 + negative]]
+        out += [[Formula(r, b, dtype=dtype, pre=pre, symmetric=symmetric, acc_dtype=acc_dtype)]
+                for symmetric in forms[:1 + negative]]
     return out
 
 
@@ -116,7 +125,8 @@ def channel_subset(prep: dict, channels: np.ndarray) -> dict:
     return {**prep, **{k: pick(prep[k]) for k in ("M", "S", "scale") if prep.get(k) is not None}}
 
 
-def proven_formula(plain, node, prep: dict, offset: np.ndarray, a, b, lo, hi) -> Formula | None:
+def proven_formula(plain, node, prep: dict, offset: np.ndarray, a, b, lo, hi,
+                   acc_dtype: type = np.float32) -> Formula | None:
     """The cheapest float formula (:func:`requant_candidates`) proven equal to the node's
     requantization of ``acc + offset`` for every accumulator ``acc`` of [a_c - offset_c,
     b_c - offset_c], per channel of ``prep``; None if there is none."""
@@ -128,7 +138,8 @@ def proven_formula(plain, node, prep: dict, offset: np.ndarray, a, b, lo, hi) ->
         m = np.broadcast_to(multiplier_value(prep["M"], prep["S"]), (channels,))
         shift = np.broadcast_to(prep["S"], (channels,))
     exact = requant_rule(plain, node, prep, lo, hi, offset)
-    for group in requant_candidates(plain.rounding, m, scale, shift, offset, negative=bool((lo < 0).any())):
+    for group in requant_candidates(plain.rounding, m, scale, shift, offset, negative=bool((lo < 0).any()),
+                                    acc_dtype=acc_dtype):
         formula = fit(exact, group, a - offset, b - offset, lo, hi)
         if formula is not None:
             return formula
@@ -159,18 +170,37 @@ class _Builder(LoweringBuilder):
     def _compute(self, node):
         plain = self.plain
         prep = plain._prep_compute(node)
-        self.activation(node, node.inputs[0]), self.activation(node, node.outputs[0])
-        if prep["ftype"] is not torch.float32:
-            self.refuse(node, f"accumulators up to {prep['bound']} are beyond float32's exact 2^24")
+        xq = self.activation(node, node.inputs[0])
+        self.activation(node, node.outputs[0])
         if node.op not in ("Conv", "Gemm", "MatMul") or node.attrs.get("activation") == "LeakyRelu":
             self.refuse(node, "no lowering for this compute node")
-        w = self.const(f"{node.name}::w", prep["w"].astype(np.float32))
-        acc = f"{node.name}::acc"
+        wide = prep["ftype"] is not torch.float32  # accumulators beyond float32's exact 2^24
+        if wide and prep["ftype"] is not torch.float64:
+            self.refuse(node, f"accumulators up to {prep['bound']} are beyond float64's exact 2^53")
         channels = len(prep["rows"])
-        bias = prep["bias"] if prep["fold_bias"] else None  # else in the requantization formula, as offset
-        offset = np.zeros(channels, np.int64) if prep["bias"] is None or prep["fold_bias"] \
+        fold = prep["fold_bias"] and not (wide and node.op == "Conv")  # ConvInteger takes no bias
+        bias = prep["bias"] if fold else None  # else in the requantization formula, as offset
+        offset = np.zeros(channels, np.int64) if prep["bias"] is None or fold \
             else np.broadcast_to(prep["bias"], (channels,)).astype(np.int64)
         attrs = {k: v for k, v in node.attrs.items() if k not in FUSED_ATTRS and v is not None and v != []}
+        if wide:
+            acc = self._wide_accumulator(node, prep, xq, bias, attrs)
+        else:
+            acc = self._accumulator(node, prep, bias, attrs)
+        if wide and plain.rounding == "onnx" and not offset.any():
+            # ONNX's rule starts from float32(acc + bias): that rounding is the rule's own
+            acc, wide = self.emit("Cast", [acc], f"{node.name}::acc32", to=TensorProto.FLOAT), False
+        a, b, lo_c, hi_c = channel_ranges(plain, node)  # bias included
+        formula = proven_formula(plain, node, prep, offset, a, b, lo_c, hi_c, np.float64 if wide else np.float32)
+        if formula is None:
+            self.refuse(node, "no float formula proven equal to its requantization")
+        shape = [-1] + [1] * (len(self.graph.values[node.outputs[0]].shape) - 2) if node.op == "Conv" else [-1]
+        self.report[node.name] = self._formula(node, formula, acc, lo_c, hi_c, shape, acc_double=wide)
+
+    def _accumulator(self, node, prep, bias, attrs) -> str:
+        """The exact accumulator in float32 (every sum below 2^24)."""
+        w = self.const(f"{node.name}::w", prep["w"].astype(np.float32))
+        acc = f"{node.name}::acc"
         if node.op == "MatMul":
             self.emit("MatMul", [node.inputs[0], w], acc if bias is None else acc + "0")
             if bias is not None:
@@ -179,15 +209,37 @@ class _Builder(LoweringBuilder):
             ins = [node.inputs[0], w] + ([self.const(f"{node.name}::b", bias.astype(np.float32))]
                                          if bias is not None else [])
             self.emit(node.op, ins, acc, **attrs)
-        a, b, lo_c, hi_c = channel_ranges(plain, node)  # bias included
-        formula = proven_formula(plain, node, prep, offset, a, b, lo_c, hi_c)
-        if formula is None:
-            self.refuse(node, "no float formula proven equal to its requantization")
-        shape = [-1] + [1] * (len(self.graph.values[node.outputs[0]].shape) - 2) if node.op == "Conv" else [-1]
-        self.report[node.name] = self._formula(node, formula, acc, lo_c, hi_c, shape)
+        return acc
 
-    def _formula(self, node, f: Formula, acc: str, lo_c, hi_c, shape) -> str:
-        """Emit ``f`` on ``acc`` into the node's output; -> a one-line description."""
+    def _wide_accumulator(self, node, prep, xq, bias, attrs) -> str:
+        """The exact accumulator in float64, for sums beyond float32's 2^24 (below 2^53):
+        Gemm / MatMul on float64 copies (ONNX Runtime has them in double); Conv as ONNX
+        Runtime's exact u8u8 ``ConvInteger`` (int32 sums, uint8 activations only), cast."""
+        acc = f"{node.name}::acc64"
+        if node.op == "Conv":
+            if xq.dtype != "uint8" or not prep["fits_int32"]:
+                self.refuse(node, f"accumulators up to {prep['bound']} are beyond float32's exact 2^24 and its "
+                                  f"input is not uint8 within int32")
+            x = node.inputs[0]
+            codes = self.emit("Add", [x, self.const(f"{x}::zp_f", np.float32(int(xq.zero_point)))], f"{x}::codes_f")
+            codes = self.emit("Cast", [codes], f"{x}::u8", to=TensorProto.UINT8)
+            sums = self.emit("ConvInteger", [codes, self.const(f"{node.name}::w_u8", (prep["w"] + 128).astype(np.uint8)),
+                                             self.const(f"{x}::zp_u8", np.uint8(int(xq.zero_point))),
+                                             self.const("w_zp128", np.uint8(128))], f"{node.name}::acc32", **attrs)
+            return self.emit("Cast", [sums], acc, to=TensorProto.DOUBLE)
+        x64 = self.emit("Cast", [node.inputs[0]], f"{node.name}::x64", to=TensorProto.DOUBLE)
+        w = self.const(f"{node.name}::w64", prep["w"].astype(np.float64))
+        if node.op == "MatMul":
+            self.emit("MatMul", [x64, w], acc if bias is None else acc + "0")
+            if bias is not None:
+                self.emit("Add", [acc + "0", self.const(f"{node.name}::b64", bias.astype(np.float64))], acc)
+            return acc
+        ins = [x64, w] + ([self.const(f"{node.name}::b64", bias.astype(np.float64))] if bias is not None else [])
+        return self.emit("Gemm", ins, acc, **attrs)
+
+    def _formula(self, node, f: Formula, acc: str, lo_c, hi_c, shape, acc_double: bool = False) -> str:
+        """Emit ``f`` on ``acc`` (float32, or float64 with ``acc_double``, which takes a
+        float64 formula) into the node's output; -> a one-line description."""
         pre = f"{node.name}::rq"
         k = lambda tag, arr: self.const(f"{pre}::{tag}", np.asarray(arr).reshape(shape))  # noqa: E731
         wide = f.dtype == np.float64
@@ -207,7 +259,7 @@ class _Builder(LoweringBuilder):
         if wide:  # integers; any beyond float32's exact range are beyond the clamp too (rounding is monotone)
             t = self.emit("Cast", [t], f"{pre}::t32", to=TensorProto.FLOAT)
         if sign is not None:
-            if f.pre is not None and wide:  # the sign of a float64 x
+            if wide and (f.pre is not None or acc_double):  # the sign of a float64 x
                 sign = self.emit("Cast", [sign], f"{pre}::sign32", to=TensorProto.FLOAT)
             t = self.emit("Mul", [t, sign], f"{pre}::signed")
         self._clamp(node, t, lo_c, hi_c, shape)

@@ -45,11 +45,12 @@ class Formula:
     dtype: type = np.float32  # the float type the multiply and add run in
     pre: np.ndarray | None = None
     symmetric: bool = False
+    acc_dtype: type = np.float32  # what holds the accumulator (float64 for sums beyond 2^24)
 
     def evaluate(self, acc: np.ndarray, lo, hi) -> np.ndarray:
         """acc: int64 [C, J] (row c for channel c) -> int64 [C, J], as IEEE arithmetic
-        gives it (acc itself is exact in float32: the caller proved it)."""
-        x = acc.astype(np.float32)
+        gives it (acc itself is exact in ``acc_dtype``: the caller proved it)."""
+        x = acc.astype(self.acc_dtype)
         if self.pre is not None:
             x = x.astype(np.float64) + self.pre[:, None].astype(np.float64)
             x = x.astype(self.dtype)
