@@ -203,6 +203,35 @@ def test_elementwise_lowered_equals_plain(op, mode):
     both(g, {"a": a, "b": b}, mode)
 
 
+class ConstantOperands(torch.nn.Module):
+    """Mul by a per-channel constant, Add a scalar, Sub from a constant map, and x * x."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.register_buffer("k", torch.tensor([0.5, -1.5, 2.0, 0.25]).reshape(4, 1, 1))
+        self.register_buffer("m", torch.linspace(-1, 1, 4 * 6 * 6).reshape(4, 6, 6))
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x)) * self.k + 0.5
+        return (self.m - y) * (self.m - y)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_elementwise_with_a_constant_or_itself_lowered_as_tables(mode):
+    import npuforge
+
+    torch.manual_seed(0)
+    graph = npuforge.from_torch(ConstantOperands().eval(), torch.zeros(1, 3, 6, 6))
+    rng = np.random.default_rng(345)
+    q = npuforge.quantize(graph, [rng.standard_normal((4, 3, 6, 6)).astype(np.float32)], log=lambda m: None)
+    ops = [n.op for n in q.nodes]
+    assert ops.count("Mul") == 2 and ops.count("Add") + ops.count("Sub") >= 2
+    x = q.values[q.inputs[0]].quant.quantize(rng.standard_normal((2, 3, 6, 6)).astype(np.float32))
+    lows = both(q, {q.inputs[0]: x}, mode)
+    assert any("over one operand" in how for how in lows["float"].lowering.values())
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_global_pool_lowered_and_windowed_pool_falls_back(mode):
     rng = np.random.default_rng(350)

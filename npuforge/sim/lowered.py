@@ -17,7 +17,8 @@ plain path, which stays the reference) before the graph is accepted:
   proven it equal to the plain requantization on the whole accumulator range
   of every channel.
 * Add / Sub / Mul of two 8-bit values: a table of all 256 x 256 results, computed
-  by the plain path itself, read with ``Gather``.
+  by the plain path itself, read with ``Gather``; of one value with a constant (or
+  with itself), a table of 256 results per element of the constant.
 * GlobalAveragePool / ReduceMean: an exact ``ReduceSum``, then a table over every
   possible sum (again computed by the plain path).
 * Lookup ops: the plain path's table, read with ``Gather``.
@@ -285,8 +286,9 @@ class _Builder(LoweringBuilder):
 
     def _elementwise(self, node):
         names = node.inputs[:2]
-        if len(set(names)) < 2 or any(f"input{k}" in node.quant for k in range(2)):
-            self.refuse(node, "an operand is a constant or both are the same value")
+        consts = [k for k in range(2) if f"input{k}" in node.quant]
+        if consts or len(set(names)) < 2:
+            return self._elementwise_unary(node, 1 - consts[0] if consts else 0)
         qs = [self.activation(node, n) for n in names]
         yq = self.activation(node, node.outputs[0])
         if any(q.dtype not in ("int8", "uint8") for q in qs):
@@ -301,6 +303,31 @@ class _Builder(LoweringBuilder):
         index = self.emit("Add", [summed, self.const(f"{node.name}::off", np.float32(-low[0] * n1 - low[1]))],
                           f"{node.name}::ix")
         self._gather(node, index, table.reshape(-1), f"table {table.size}")
+
+    def _elementwise_unary(self, node, k: int):
+        """Add / Sub / Mul of one activation (operand ``k``) with a constant, or with
+        itself: a table per element of the constant over every code of the activation,
+        computed by the plain path, read with ``Gather`` at ``code + levels * j`` (j the
+        constant's element, broadcast as the op broadcasts)."""
+        name = node.inputs[k]
+        q, yq = self.activation(node, name), self.activation(node, node.outputs[0])
+        if q.dtype not in ("int8", "uint8"):
+            self.refuse(node, "operands wider than 8 bits")
+        role = f"input{1 - k}"
+        cshape = tuple(np.asarray(self.plain._int(node, role)).shape) if role in node.quant else ()
+        levels = q.qmax - q.qmin + 1
+        count = int(np.prod(cshape, dtype=np.int64))
+        if count * levels > MAX_TABLE:
+            self.refuse(node, f"a constant of {count} elements (table of {count * levels} entries)")
+        codes = np.arange(q.qmin, q.qmax + 1).astype(NP_INT[q.dtype]).reshape((levels,) + (1,) * len(cshape))
+        out = self.plain._elementwise(node, {name: torch.from_numpy(codes)})[0].numpy().astype(np.int64)
+        table = np.moveaxis(np.broadcast_to(out, (levels,) + cshape), 0, -1) - int(yq.zero_point)
+        index = self.emit("Add", [name, self.const(f"{node.name}::off", np.float32(int(q.zero_point) - q.qmin))],
+                          f"{node.name}::code")
+        if count > 1 or cshape:
+            grid = (np.arange(count, dtype=np.float32) * levels).reshape(cshape)
+            index = self.emit("Add", [index, self.const(f"{node.name}::grid", grid)], f"{node.name}::ix")
+        self._gather(node, index, table.reshape(-1), f"table {table.size} over one operand")
 
     def _pool(self, node):
         g = self.graph
