@@ -232,6 +232,35 @@ def test_elementwise_with_a_constant_or_itself_lowered_as_tables(mode):
     assert any("over one operand" in how for how in lows["float"].lowering.values())
 
 
+class Movers(torch.nn.Module):
+    """Ops that only move or select codes: DepthToSpace, Tile, nearest Resize, the
+    Reshape / Transpose of pixel_unshuffle, GlobalMaxPool and ReduceMax."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.nn.functional.pixel_shuffle(torch.relu(self.conv(x)), 2).repeat(1, 2, 1, 1)
+        y = torch.nn.functional.interpolate(y, scale_factor=2.0, mode="nearest")
+        y = torch.nn.functional.pixel_unshuffle(y, 4)
+        return torch.amax(y, dim=(2, 3)) + torch.nn.functional.adaptive_max_pool2d(y, 1).flatten(1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_code_movers_lowered(mode):
+    import npuforge
+
+    torch.manual_seed(0)
+    graph = npuforge.from_torch(Movers().eval(), torch.zeros(1, 3, 4, 4))
+    rng = np.random.default_rng(346)
+    q = npuforge.quantize(graph, [rng.standard_normal((4, 3, 4, 4)).astype(np.float32)], {"strict": True},
+                          log=lambda m: None)
+    assert {"DepthToSpace", "Tile", "Resize", "ReduceMax", "GlobalMaxPool"} <= set(q.op_histogram())
+    x = q.values[q.inputs[0]].quant.quantize(rng.standard_normal((2, 3, 4, 4)).astype(np.float32))
+    both(q, {q.inputs[0]: x}, mode)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_global_pool_lowered_and_windowed_pool_falls_back(mode):
     rng = np.random.default_rng(350)

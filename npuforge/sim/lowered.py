@@ -59,8 +59,11 @@ from .monotone_fit import Formula, fit
 
 ENGINES = ("auto", "ort", "plain")
 MAX_TABLE = 1 << 22  # entries of a pooling table (sums of at most 16 K int8 values)
+# ops that only move or select values: exact on the float copies q - zp (a max of
+# shifted codes is the shifted max); Resize is here only as "passthrough", i.e. nearest
 MOVERS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Dropout", "MaxPool",
-          "Slice", "Split", "Gather", "Pad"}
+          "Slice", "Split", "Gather", "Pad", "Resize", "Expand", "Tile", "DepthToSpace", "SpaceToDepth",
+          "ReverseSequence", "GatherElements", "GatherND", "GlobalMaxPool", "ReduceMax", "ReduceMin"}
 # ORT's optimizers that would fold a constant Mul / Add after a Conv into its (integer) weights
 DISABLED_OPTIMIZERS = ["ConvAddFusion", "ConvMulFusion"]
 
