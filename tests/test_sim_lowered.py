@@ -262,12 +262,21 @@ def test_code_movers_lowered(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_global_pool_lowered_and_windowed_pool_falls_back(mode):
+def test_global_and_windowed_pools_lowered(mode):
     rng = np.random.default_rng(350)
     g, x, *_ = pool_case(rng, "GlobalAveragePool", (2, 5, 7, 7))
     both(g, {"x": x}, mode)
-    g, x, *_ = pool_case(rng, "AveragePool", attrs=POOLS[0])
-    with pytest.raises(UnsupportedError, match="node 'n' \\(AveragePool\\)"):
+    for attrs in POOLS:  # border windows count fewer elements (count_include_pad 0): one table per count
+        g, x, *_ = pool_case(rng, "AveragePool", attrs={**attrs, "ceil_mode": 0, "dilations": [1, 1]})
+        lows = both(g, {"x": x}, mode)
+        assert "window sums" in lows["float"].lowering["n"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_node_with_no_lowering_falls_back_by_name(mode):
+    rng = np.random.default_rng(351)
+    g, x, *_ = conv_case(rng, act="LeakyRelu", act_params=(0.1,))
+    with pytest.raises(UnsupportedError, match="node 'n' \\(Conv\\)"):
         LoweredSimulator(g, mode)
     assert isinstance(make_simulator(g, mode), IntegerSimulator)
     with pytest.raises(UnsupportedError):
@@ -350,14 +359,14 @@ def test_cli_sim_engine(tmp_path, capsys):
         outs[engine] = np.load(out)["y"]
     np.testing.assert_array_equal(outs["auto"], outs["plain"])
     np.testing.assert_array_equal(outs["ort"], outs["plain"])
-    g, x, *_ = pool_case(rng, "AveragePool", attrs=POOLS[1])
+    g, x, *_ = conv_case(rng, act="LeakyRelu", act_params=(0.1,))  # a node with no lowering
     npuforge.save(g, tmp_path / "p.nfir")
     np.save(tmp_path / "xp.npy", x)
     capsys.readouterr()
     assert main(["run", str(tmp_path / "p.nfir"), "--input", str(tmp_path / "xp.npy"), "--mode", "int",
                  "--sim-engine", "ort"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "node 'n' (AveragePool)" in err[0] and "Traceback" not in err[0]
+    assert len(err) == 1 and "node 'n' (Conv)" in err[0] and "Traceback" not in err[0]
 
 
 # -- multipliers ONNX Runtime's QLinearConv reproduces (npuforge/quant/ort_multipliers.py) -----

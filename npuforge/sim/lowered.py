@@ -20,7 +20,8 @@ plain path, which stays the reference) before the graph is accepted:
   by the plain path itself, read with ``Gather``; of one value with a constant (or
   with itself), a table of 256 results per element of the constant.
 * GlobalAveragePool / ReduceMean: an exact ``ReduceSum``, then a table over every
-  possible sum (again computed by the plain path).
+  possible sum (again computed by the plain path); AveragePool: exact window sums
+  (explicit Pad, a depthwise Conv of ones), then one such table per window count.
 * Lookup ops: the plain path's table, read with ``Gather``.
 * Ops that only move codes (Reshape, Flatten, Transpose, MaxPool, Slice, Concat,
   Pad with its value translated, ...): the op itself.
@@ -31,8 +32,8 @@ Gemm / MatMul run in double, Conv as ONNX Runtime's exact u8u8 ``ConvInteger``
 (int32 sums of uint8 codes, cast to double); the requantization is then a
 proven float64 formula.
 
-A node with no proven lowering (int16 outputs, windowed AveragePool, fused
-LeakyRelu, ...) raises
+A node with no proven lowering (int16 outputs, fused LeakyRelu, Softmax,
+LayerNormalization, ...) raises
 :class:`~npuforge.errors.UnsupportedError` naming it; :func:`make_simulator`
 then uses the plain path. ONNX Runtime's ``ConvAddFusion`` and ``ConvMulFusion``
 are switched off: they would fold the requantization's constants into the
@@ -346,7 +347,7 @@ class _Builder(LoweringBuilder):
                 self.refuse(node, "an empty-axes no-op")
             axes, keep = axes or list(range(len(shape))), int(node.attrs["keepdims"])
         else:
-            self.refuse(node, "windowed average pooling")
+            return self._window_pool(node, xq, yq, shape)
         dims = [shape[a] for a in axes]
         if not all(isinstance(d, int) for d in dims):
             self.refuse(node, "pooling over dynamic dimensions")
@@ -361,6 +362,40 @@ class _Builder(LoweringBuilder):
                           f"{node.name}::sum", keepdims=keep)
         index = self.emit("Add", [total, self.const(f"{node.name}::off", np.float32(-low))], f"{node.name}::ix")
         self._gather(node, index, table, f"sum + table {table.size}")
+
+    def _window_pool(self, node, xq, yq, shape):
+        """AveragePool: exact window sums (the op's explicit padding, then a depthwise
+        convolution with ones, in float32), then one table per distinct window count
+        (the counts differ at the borders), indexed at ``sum + offset[position]``."""
+        from ..ops.registry import get_op
+
+        if not all(isinstance(d, int) for d in shape):
+            self.refuse(node, "pooling over dynamic dimensions")
+        op, a = get_op("AveragePool"), node.attrs
+        channels, nsp = shape[1], len(shape) - 2
+        _, counts = op.window_sums(node, torch.zeros((1, channels, *shape[2:]), dtype=torch.float64))
+        counts = counts.to(torch.int64).numpy()  # [1, 1, *out]
+        low, high = xq.qmin - int(xq.zero_point), xq.qmax - int(xq.zero_point)
+        tables, offsets = [], np.zeros(counts.shape, np.int64)
+        base = 0
+        for c in np.unique(counts):
+            sums = torch.arange(int(c) * low, int(c) * high + 1, dtype=torch.int64)
+            tables.append(self.plain.pool_output(node, sums, torch.tensor(int(c))).clamp(yq.qmin, yq.qmax).numpy())
+            offsets[counts == c] = base - int(c) * low
+            base += len(sums)
+        if base > MAX_TABLE or int(counts.max()) * max(-low, high) >= 2**24:
+            self.refuse(node, f"windows of up to {int(counts.max())} elements (table of {base} sums)")
+        pads = op.exact_pads(node, tuple(shape))
+        onnx_pads = [0, 0] + pads[:nsp] + [0, 0] + pads[nsp:]
+        padded = self.emit("Pad", [node.inputs[0], self.const(f"{node.name}::pads", np.int64(onnx_pads))],
+                           f"{node.name}::padded")
+        ones = self.const(f"{node.name}::ones", np.ones((channels, 1, *a["kernel_shape"]), np.float32))
+        total = self.emit("Conv", [padded, ones], f"{node.name}::sum", group=channels, kernel_shape=a["kernel_shape"],
+                          strides=a["strides"], dilations=a["dilations"], pads=[0] * (2 * nsp))
+        index = self.emit("Add", [total, self.const(f"{node.name}::off", offsets.astype(np.float32))],
+                          f"{node.name}::ix")
+        table = np.concatenate(tables) - int(yq.zero_point)
+        self._gather(node, index, table, f"window sums + {len(tables)} tables ({table.size})")
 
     def _lut(self, node):
         xq, yq = self.activation(node, node.inputs[0]), self.activation(node, node.outputs[0])
