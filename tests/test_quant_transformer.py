@@ -157,6 +157,39 @@ def test_layernorm_integer_rule_equals_its_reference_and_tracks_float():
     assert np.abs(integer - fake).max() <= 1.01 * float(yp.scale)
 
 
+class InstanceNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 6, 3, padding=1)
+        self.norm = torch.nn.InstanceNorm2d(6, affine=True)
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 2.0)
+            self.norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        return self.norm(self.conv(x))
+
+
+def test_instance_norm_takes_the_same_integer_rule_per_channel():
+    graph, q, calib, messages = _quantized(InstanceNet(), (2, 3, 5, 7))
+    node = _node(q, "InstanceNormalization")
+    assert not any("kept in float" in m for m in messages)
+    x = calib[0]
+    q_in, q_out = _codes(q, x, node.inputs[0]), _codes(q, x, node.outputs[0])
+    yp = q.values[node.outputs[0]].quant
+    data = {role: q.values[name].data for role, name in node.quant.items()}
+    assert data["scale"].shape == (6, 1, 1)
+    n, c = q_in.shape[:2]
+    flat = q_in.reshape(n, c, -1)  # each (sample, channel) normalized over its 35 positions
+    ref = np.stack([layernorm_reference(flat[:, k], np.repeat(data["scale"][k].reshape(-1), 35),
+                                        np.repeat(data["bias"][k].reshape(-1), 35), int(data["epsilon"]),
+                                        int(data["shift"]), int(yp.zero_point), yp.qmin, yp.qmax) for k in range(c)], 1)
+    np.testing.assert_array_equal(q_out.astype(np.int64).reshape(n, c, -1), ref)
+    fake = run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]
+    integer = IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x})[q.outputs[0]]
+    assert np.abs(integer - fake).max() <= 1.01 * float(yp.scale)
+
+
 def test_isqrt_is_exact_near_squares():
     from npuforge.quant.layernorm_rule import isqrt
 

@@ -69,20 +69,11 @@ class BatchNormalization(Op):
         return [(x - mean.reshape(view)) * mul.reshape(view) + bias.reshape(view)]
 
 
-@register
-class LayerNormalization(Op):
-    name = "LayerNormalization"
-    inputs = (2, 3)
-    outputs = (1, 3)
-    attrs = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
-    summary = ("normalize over the axes from axis on, * Scale + B; float32 Mean / InvStdDev outputs (stash_type 1); "
-               "int8: integer mean, variance and square root")
-    quant = "layernorm"  # the integer rule: npuforge/quant/layernorm_rule.py
+class _IntegerNormalization(Op):
+    """Normalizations with the exact integer rule of npuforge/quant/layernorm_rule.py
+    (quantization kind "layernorm")."""
 
-    def quant_kind(self, node, graph):
-        # the integer rule needs constant Scale / B and computes only Y
-        params = [i for i in node.inputs[1:] if i]
-        return self.quant if len(node.outputs) == 1 and all(graph.values[i].is_const for i in params) else None
+    quant = "layernorm"
 
     def quantize_integers(self, graph, node, add):
         from ..quant.layernorm_rule import quantize_integers
@@ -93,6 +84,20 @@ class LayerNormalization(Op):
         from ..quant.layernorm_rule import integer_forward
 
         return integer_forward(sim, node, env)
+
+
+@register
+class LayerNormalization(_IntegerNormalization):
+    name = "LayerNormalization"
+    inputs = (2, 3)
+    outputs = (1, 3)
+    attrs = {"axis": -1, "epsilon": 1e-5, "stash_type": 1}
+    summary = ("normalize over the axes from axis on, * Scale + B; float32 Mean / InvStdDev outputs (stash_type 1); "
+               "int8: integer mean, variance and square root")
+    def quant_kind(self, node, graph):
+        # the integer rule needs constant Scale / B and computes only Y
+        params = [i for i in node.inputs[1:] if i]
+        return self.quant if len(node.outputs) == 1 and all(graph.values[i].is_const for i in params) else None
 
     def from_onnx(self, ctx, node):
         _check_stash_type(node)
@@ -132,11 +137,14 @@ class LayerNormalization(Op):
 
 
 @register
-class InstanceNormalization(Op):
+class InstanceNormalization(_IntegerNormalization):
     name = "InstanceNormalization"
     inputs = (3, 3)
     attrs = {"epsilon": 1e-5}
-    summary = "normalize each (sample, channel) over the spatial axes, then * scale + B per channel"
+    summary = ("normalize each (sample, channel) over the spatial axes, then * scale + B per channel; "
+               "int8: the integer rule of LayerNormalization")
+    def quant_kind(self, node, graph):
+        return self.quant if all(graph.values[i].is_const for i in node.inputs[1:]) else None
 
     def infer(self, node, ins):
         x = ins[0]

@@ -1,8 +1,11 @@
-"""The integer LayerNormalization (quantization kind "layernorm"): decided once by
-the quantizer, run by the integer simulator.
+"""The integer LayerNormalization and InstanceNormalization (quantization kind
+"layernorm"): decided once by the quantizer, run by the integer simulator.
 
-Over the N elements of each normalized slice, with input codes q (scale ``s_x``) and
-output scale ``s_y`` / zero point ``zp_y``:
+LayerNormalization normalizes over the axes from ``axis`` on, with a scale and bias
+per normalized element; InstanceNormalization over the spatial axes of each
+(sample, channel), with a scale and bias per channel. Over the N elements of each
+normalized slice, with input codes q (scale ``s_x``) and output scale ``s_y`` /
+zero point ``zp_y``:
 
 1. ``c = N * q - sum(q)``: N times the centred code, exact (the zero point cancels);
 2. ``V = sum(c^2)``, so the variance in codes is ``V / N^3``; ``E = round(eps / s_x^2 * N^3)``
@@ -33,14 +36,26 @@ MAX_F = 24
 LIMIT = 61  # every intermediate stays below 2^61 (and so their sum below 2^63)
 
 
-def _geometry(graph, node) -> tuple[int, int]:
+def _geometry(graph, node) -> tuple[tuple, int, tuple]:
+    """(normalized axes, N, the shape scale and bias broadcast to against the input)."""
     shape = graph.values[node.inputs[0]].shape
-    axis = node.attrs["axis"] % len(shape)
-    dims = shape[axis:]
-    if not all(isinstance(d, int) for d in dims):
-        raise NpuforgeError(f"node '{node.name}' (LayerNormalization): the normalized axes {list(dims)} must be "
-                            f"static to quantize it")
-    return axis, int(np.prod(dims))
+    if node.op == "InstanceNormalization":
+        axes, params = tuple(range(2, len(shape))), (shape[1],) + (1,) * (len(shape) - 2)
+    else:
+        axis = node.attrs["axis"] % len(shape)
+        axes, params = tuple(range(axis, len(shape))), tuple(shape[axis:])
+    dims = [shape[a] for a in axes]
+    if not all(isinstance(d, int) for d in dims + list(params)):
+        raise NpuforgeError(f"node '{node.name}' ({node.op}): the normalized axes {dims} and parameters "
+                            f"{list(params)} must be static to quantize it")
+    return axes, int(np.prod(dims)), params
+
+
+def _parameter(graph, node, k: int, shape: tuple) -> np.ndarray:
+    if len(node.inputs) <= k or not node.inputs[k]:
+        return np.zeros(shape)
+    data = np.asarray(graph.values[node.inputs[k]].data, np.float64)
+    return np.broadcast_to(data.reshape(shape) if node.op == "InstanceNormalization" else data, shape)
 
 
 def _p_bits(n: int) -> int:
@@ -51,11 +66,8 @@ def _p_bits(n: int) -> int:
 def quantize_integers(graph, node, add) -> None:
     """Store E, G, B and the shifts of one LayerNormalization node (``add(role, array)``)."""
     xp, yp = graph.values[node.inputs[0]].quant, graph.values[node.outputs[0]].quant
-    axis, n = _geometry(graph, node)
-    normalized = graph.values[node.inputs[0]].shape[axis:]
-    scale = np.broadcast_to(np.asarray(graph.values[node.inputs[1]].data, np.float64), normalized)
-    bias = (np.broadcast_to(np.asarray(graph.values[node.inputs[2]].data, np.float64), normalized)
-            if len(node.inputs) > 2 and node.inputs[2] else np.zeros(normalized))
+    _, n, params = _geometry(graph, node)
+    scale, bias = _parameter(graph, node, 1, params), _parameter(graph, node, 2, params)
     s_x, s_y = float(xp.scale), float(yp.scale)
     eps = max(1, round(node.attrs["epsilon"] / (s_x * s_x) * n ** 3))
     half_p = _p_bits(n) // 2
@@ -66,7 +78,7 @@ def quantize_integers(graph, node, add) -> None:
     if b_max > 0:
         f = min(f, math.floor(LIMIT - half_p - math.log2(b_max)))
     if f < 8:
-        raise NpuforgeError(f"node '{node.name}' (LayerNormalization): its scale and bias over the output step "
+        raise NpuforgeError(f"node '{node.name}' ({node.op}): its scale and bias over the output step "
                             f"leave {f} fractional bits; keep it in float (keep_float)")
     add("scale", np.rint(scale * (2.0 ** f / s_y)).astype(np.int64))
     add("bias", np.rint(bias * (2.0 ** (half_p + f) / s_y)).astype(np.int64))
@@ -83,8 +95,7 @@ def isqrt(a: torch.Tensor) -> torch.Tensor:
 
 def integer_forward(sim, node, env) -> list:
     q = sim._as_codes(node.inputs[0], env).to(torch.int64)
-    axis, n = _geometry(sim.graph, node)
-    dims = tuple(range(axis, q.dim()))
+    dims, n, _ = _geometry(sim.graph, node)
     c = n * q - q.sum(dim=dims, keepdim=True)
     v = (c * c).sum(dim=dims, keepdim=True)
     r = isqrt((n << _p_bits(n)) // (v + int(sim._int(node, "epsilon"))))
