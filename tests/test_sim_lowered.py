@@ -272,6 +272,33 @@ def test_global_and_windowed_pools_lowered(mode):
         assert "window sums" in lows["float"].lowering["n"]
 
 
+class Sums(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return y.sum(dim=(2, 3), keepdim=True) + y.sum(dim=1, keepdim=True).mean(dim=(2, 3), keepdim=True)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reduce_sum_quantizes_as_a_pool_of_divisor_one(mode):
+    import npuforge
+    from npuforge.sim.fake_quant import run_fake_quant
+
+    torch.manual_seed(0)
+    graph = npuforge.from_torch(Sums().eval(), torch.zeros(1, 3, 6, 6))
+    x = np.random.default_rng(352).standard_normal((4, 3, 6, 6)).astype(np.float32)
+    q = npuforge.quantize(graph, [x], {"strict": True}, log=lambda m: None)
+    assert q.op_histogram()["ReduceSum"] == 2
+    step = float(q.values[q.outputs[0]].quant.scale)
+    fake = run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]
+    assert np.abs(fake - graph.run({graph.inputs[0]: x})[graph.outputs[0]]).max() <= 2 * step
+    assert np.abs(IntegerSimulator(q, mode).run({q.inputs[0]: x})[q.outputs[0]] - fake).max() <= 1.01 * step
+    both(q, {q.inputs[0]: q.values[q.inputs[0]].quant.quantize(x)}, mode)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_node_with_no_lowering_falls_back_by_name(mode):
     rng = np.random.default_rng(351)

@@ -89,6 +89,12 @@ class ReduceSum(_Reduce):
     name = "ReduceSum"
     onnx_only_attrs = ()  # axes is an input since opset 13
     summary = "sum over the given axes (all when none given), keepdims; int32/int64 too"
+    quant = "pool"  # as ReduceMean, with a divisor of 1
+
+    def quant_kind(self, node, graph):
+        if graph.values[node.outputs[0]].dtype not in ("float16", "float32", "float64"):
+            return "shape"
+        return self.quant
 
     def reduce(self, x, axes, keep):
         return x.sum(dim=axes, keepdim=keep, dtype=x.dtype)  # torch would widen int32 to int64
@@ -97,6 +103,7 @@ class ReduceSum(_Reduce):
 @register
 class ReduceSumSquare(ReduceSum):
     name = "ReduceSumSquare"
+    quant = None  # not a plain sum
     onnx_only_attrs = ("axes",)
     summary = "sum of squares over the given axes, keepdims; int32/int64 too"
 
@@ -107,6 +114,7 @@ class ReduceSumSquare(ReduceSum):
 @register
 class ReduceL1(ReduceSum):
     name = "ReduceL1"
+    quant = None  # not a plain sum
     onnx_only_attrs = ("axes",)
     summary = "sum of |x| over the given axes, keepdims; int32/int64 too"
 
@@ -127,6 +135,7 @@ class ReduceL2(ReduceSumSquare):
 @register
 class ReduceLogSum(ReduceSum):
     name = "ReduceLogSum"
+    quant = None  # not a plain sum
     onnx_only_attrs = ("axes",)
     summary = "log of the sum over the given axes, keepdims; float only"
     integer_exact = False

@@ -460,7 +460,7 @@ class IntegerSimulator:
             dims = tuple(range(2, x.dim()))
             count = int(np.prod([x.shape[d] for d in dims]))
             return x.sum(dim=dims, keepdim=True), torch.tensor(count)
-        if op == "ReduceMean":
+        if op in ("ReduceMean", "ReduceSum"):
             axes_name = node.inputs[1] if len(node.inputs) > 1 else ""
             axes = [int(v) % x.dim() for v in np.asarray(self.graph.values[axes_name].data).reshape(-1)] \
                 if axes_name else []
@@ -485,10 +485,11 @@ class IntegerSimulator:
         ``x - zp_x`` and their element counts."""
         xq, yq = self._q(node.inputs[0]), self._q(node.outputs[0])
         zy = int(yq.zero_point)
+        divisor = torch.ones_like(count) if node.op == "ReduceSum" else count  # a sum is a mean times its count
         if self.rounding == "onnx":
-            if node.op == "GlobalAveragePool" or node.op == "ReduceMean":
+            if node.op in ("GlobalAveragePool", "ReduceMean", "ReduceSum"):
                 # MLAS QLinearGlobalAveragePool: float32(sum) * (s_x / (s_y * count)), half to even
-                n = np.float32(int(count))
+                n = np.float32(int(divisor))
                 scale = _f32(xq.scale) / (_f32(yq.scale) * n)
                 y = torch.round(total.to(torch.float32) * torch.tensor(scale)).to(torch.int64)
             else:
@@ -499,7 +500,7 @@ class IntegerSimulator:
         m, s = int(self._int(node, "multiplier")[0]), int(self._int(node, "shift")[0])
         bits = _extra_bits(int(count.max()) * max_abs_code(xq), s)
         t = self._R(total << bits, m, s)
-        return rounding_divide(t, count << bits) + zy
+        return rounding_divide(t, divisor << bits) + zy
 
     # -- lut -------------------------------------------------------------------------------------
     def _table(self, node) -> torch.Tensor:

@@ -339,7 +339,7 @@ class _Builder(LoweringBuilder):
         shape = g.values[node.inputs[0]].shape
         if node.op == "GlobalAveragePool":
             axes, keep = list(range(2, len(shape))), 1
-        elif node.op == "ReduceMean":
+        elif node.op in ("ReduceMean", "ReduceSum"):
             axes_name = node.inputs[1] if len(node.inputs) > 1 else ""
             axes = [int(a) % len(shape) for a in np.asarray(g.values[axes_name].data).reshape(-1)] if axes_name \
                 else []
