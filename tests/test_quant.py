@@ -278,6 +278,64 @@ def test_qdq_average_pool_runs_in_ort_with_its_fusions(include_pad):
     assert np.abs(out - fq).max() <= 2 * float(q.values[q.outputs[0]].quant.scale)
 
 
+class SharedZeros(torch.nn.Module):
+    """Zero biases of a Conv and a Linear: merged into one constant, it is the Conv's
+    int32 bias and the Linear's Add operand at once."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = torch.nn.Conv2d(8, 8, 1), torch.nn.Linear(8, 8)
+        torch.nn.init.zeros_(self.conv.bias)
+        torch.nn.init.zeros_(self.fc.bias)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).permute(0, 2, 3, 1))  # Linear on 4-D: MatMul + Add(bias)
+
+
+def test_a_constant_read_in_two_roles_gets_a_copy_per_reader():
+    from npuforge.sim.integer import IntegerSimulator
+
+    torch.manual_seed(0)
+    from npuforge.passes import optimize
+
+    graph = npuforge.from_torch(SharedZeros().eval(), torch.zeros(2, 8, 6, 6))
+    opt = optimize(graph)[0]  # cse merges equal constants, as the exporter sometimes does
+    conv, add = (next(n for n in opt.nodes if n.op == op) for op in ("Conv", "Add"))
+    assert conv.inputs[2] in add.inputs  # one constant, two parts
+    x = np.random.default_rng(0).standard_normal((2, 8, 6, 6)).astype(np.float32)
+    q = npuforge.quantize(graph, [x])
+    qconv, qadd = (next(n for n in q.nodes if n.op == op) for op in ("Conv", "Add"))
+    assert qconv.inputs[2] not in qadd.inputs
+    assert q.values[qconv.inputs[2]].quant.dtype == "int32" and q.values[qconv.inputs[2]].quant.axis == 0
+    got = IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x})[q.outputs[0]]
+    fake = run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]
+    assert np.abs(got - fake).max() <= 1.01 * float(q.values[q.outputs[0]].quant.scale)
+
+
+def test_a_bias_beyond_int32_widens_the_weight_scale_with_a_warning():
+    """A tiny input range makes s_x * s_w tiny: the bias code would saturate int32 and
+    the output lose its bias silently (a detector head's last Conv, a classifier's Gemm)."""
+    from npuforge.sim.integer import IntegerSimulator
+
+    torch.manual_seed(0)
+    m = torch.nn.Conv2d(3, 4, 1)
+    with torch.no_grad():
+        m.bias.fill_(5.0)
+    graph = npuforge.from_torch(m.eval(), torch.zeros(1, 3, 4, 4))
+    x = (np.random.default_rng(0).standard_normal((2, 3, 4, 4)) * 1e-6).astype(np.float32)
+    messages = []
+    q = npuforge.quantize(graph, [x], log=messages.append)
+    warned = [msg for msg in messages if "does not fit int32" in msg]
+    assert len(warned) == 1 and "4 output channel(s)" in warned[0] and "check the calibration data" in warned[0]
+    conv = q.nodes[0]
+    assert np.abs(q.values[conv.quant["bias"]].data.astype(np.int64)).max() <= 2**30
+    ref = graph.run({graph.inputs[0]: x})[graph.outputs[0]]
+    step = float(q.values[q.outputs[0]].quant.scale)
+    for out in (run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]],
+                IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x})[q.outputs[0]]):
+        assert np.abs(out - ref).max() <= step  # the bias (5) is kept, to an output step
+
+
 def test_op_without_rule_is_kept_float_with_warning_or_error_when_strict():
     m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.LogSoftmax(dim=1))
     graph = npuforge.from_torch(m, torch.zeros(1, 3, 6, 6))

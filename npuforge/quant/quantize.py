@@ -68,7 +68,33 @@ def _is_float(graph, name: str) -> bool:
     return bool(name) and graph.values[name].dtype in dtypes.FLOAT_DTYPES
 
 
+def unshare_constants(graph) -> int:
+    """Give every node its own copy of each float constant that several nodes read, in
+    place; -> how many copies were made. Parameters live on values, and one constant
+    may play different parts (an all-zero array the exporter or ``cse`` merged is
+    three Convs' biases, each with its own per-channel int32 scale, and an Add's
+    operand): each reader then carries the parameters its own rule needs."""
+    copies = 0
+    readers: dict[str, list] = {}
+    for node in graph.nodes:
+        for name in dict.fromkeys(i for i in node.inputs if i):  # a node reading it twice keeps one
+            readers.setdefault(name, []).append(node)
+    for name, nodes in readers.items():
+        v = graph.values[name]
+        if not v.is_const or v.dtype not in dtypes.FLOAT_DTYPES or name in graph.outputs or len(nodes) < 2:
+            continue
+        for node in nodes[1:]:
+            copy_name = graph.unique_name(f"{name}::{node.name}")
+            graph.add_const(copy_name, v.data)
+            node.inputs = [copy_name if i == name else i for i in node.inputs]
+            copies += 1
+    return copies
+
+
 def make_plan(graph, config: QuantConfig) -> Plan:
+    """Each node's quantization kind and the values to calibrate and quantize (sharing
+    groups by the ops' rules); shared float constants are unshared first."""
+    unshare_constants(graph)
     plan = Plan()
     keep = set(config.keep_float)
     for option, names in (("keep_float", keep), ("per_channel", set(config.per_channel))):
@@ -168,7 +194,31 @@ def _requant(graph, node, role: str, m, config: QuantConfig) -> None:
     _add_int(graph, node, f"shift{role}", shift)
 
 
-def _quantize_compute(graph, node, config: QuantConfig) -> None:
+BIAS_LIMIT = 2.0**30  # the largest |int32 bias code|: half of int32, the rest for the accumulation
+
+
+def _bias_fitting_weights(graph, node, w, wp: QParams, axis, qmax: int, in_scale, log) -> QParams:
+    """``wp``, with each weight scale widened where the bias would not fit int32 at
+    scale ``in_scale * weight scale`` (a tiny input range: the bias code would saturate
+    and the output lose its bias, silently); such widening is reported through ``log``."""
+    bias = np.abs(np.asarray(graph.values[node.inputs[2]].data, np.float64)).reshape(-1)
+    need = bias / (in_scale * BIAS_LIMIT)  # the smallest weight scale that holds each bias
+    if axis is None:
+        need = need.max(initial=0.0)
+    scale = wp.scale.astype(np.float64)
+    if not np.any(need > scale):
+        return wp
+    wider = weight_params(w, axis, qmax, np.maximum(scale, need * (1 + 2.0**-20)) * qmax)
+    grown = int(np.count_nonzero(need > scale))
+    factor = float(np.max(wider.scale.astype(np.float64) / scale))
+    (log or (lambda m: warnings.warn(m, stacklevel=4)))(
+        f"node '{node.name}' ({node.op}): the bias of {grown} output channel(s) does not fit int32 at the input's "
+        f"scale {float(in_scale):.3g} times the weight scale; their weight scales are widened up to {factor:.3g}x "
+        f"so it does (the input's calibrated range is tiny: check the calibration data)")
+    return wider
+
+
+def _quantize_compute(graph, node, config: QuantConfig, log=None) -> None:
     op = get_op(node.op)
     x, w = graph.values[node.inputs[0]], graph.values[node.inputs[1]]
     y = graph.values[node.outputs[0]]
@@ -178,9 +228,11 @@ def _quantize_compute(graph, node, config: QuantConfig) -> None:
     # auto weight clipping: minmax for per-channel scales (also a per_channel override), mse per tensor
     method = "minmax" if per_channel and config.weight_method == "auto" else config.resolved_weight_method
     wp = weight_params(w.data, axis, qmax, _weight_clip(w.data, axis, method, qmax))
+    in_scale, out_scale = np.float64(x.quant.scale), np.float64(y.quant.scale)
+    if len(node.inputs) > 2 and node.inputs[2]:
+        wp = _bias_fitting_weights(graph, node, w.data, wp, axis, qmax, in_scale, log)
     w.quant = wp
     _add_int(graph, node, "weight", wp.quantize(w.data))
-    in_scale, out_scale = np.float64(x.quant.scale), np.float64(y.quant.scale)
     bias_scale = (in_scale * wp.scale.astype(np.float64)).astype(np.float32)
     if len(node.inputs) > 2 and node.inputs[2]:
         b = graph.values[node.inputs[2]]
@@ -204,11 +256,11 @@ def _lut(graph, node) -> None:
     _add_int(graph, node, "lut", yp.quantize(y))
 
 
-def _quantize_node(graph, node, kind: str, config: QuantConfig) -> None:
+def _quantize_node(graph, node, kind: str, config: QuantConfig, log=None) -> None:
     ins = [graph.values[i].quant if i else None for i in node.inputs]
     out = graph.values[node.outputs[0]].quant
     if kind == "compute":
-        _quantize_compute(graph, node, config)
+        _quantize_compute(graph, node, config, log)
     elif kind == "matmul":
         _requant(graph, node, "", np.float64(ins[0].scale) * np.float64(ins[1].scale) / np.float64(out.scale),
                  config)
@@ -246,7 +298,7 @@ def apply_parameters(graph, plan: Plan, observers: dict, config: QuantConfig, lo
     for node in graph.nodes:
         kind = plan.kinds.get(node.name)
         if kind:
-            _quantize_node(graph, node, kind, config)
+            _quantize_node(graph, node, kind, config, log)
     return wide
 
 
