@@ -299,15 +299,36 @@ def test_reduce_sum_quantizes_as_a_pool_of_divisor_one(mode):
     both(q, {q.inputs[0]: q.values[q.inputs[0]].quant.quantize(x)}, mode)
 
 
+def softmax_graph():
+    """A quantized graph whose Softmax has no lowering yet (its integer rule runs on the plain path)."""
+    import npuforge
+
+    torch.manual_seed(0)
+    graph = npuforge.from_torch(torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Softmax(-1)).eval(),
+                                torch.zeros(2, 8))
+    x = np.random.default_rng(351).standard_normal((4, 8)).astype(np.float32)
+    q = npuforge.quantize(graph, [x], log=lambda m: None)
+    return q, q.values[q.inputs[0]].quant.quantize(x)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_node_with_no_lowering_falls_back_by_name(mode):
-    rng = np.random.default_rng(351)
-    g, x, *_ = conv_case(rng, act="LeakyRelu", act_params=(0.1,))
-    with pytest.raises(UnsupportedError, match="node 'n' \\(Conv\\)"):
+    g, x = softmax_graph()
+    with pytest.raises(UnsupportedError, match="node '.*' \\(Softmax\\)"):
         LoweredSimulator(g, mode)
     assert isinstance(make_simulator(g, mode), IntegerSimulator)
     with pytest.raises(UnsupportedError):
         make_simulator(g, mode, engine="ort")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("wide", [False, True])
+def test_conv_with_fused_leaky_relu_lowered(mode, wide):
+    """Each side of zero gets its own proven formula; Where picks by the accumulator's sign."""
+    rng = np.random.default_rng(352)
+    g, x, *_ = conv_case(rng, act="LeakyRelu", act_params=(0.1,), **({"cin": 256, "hw": (4, 3)} if wide else {}))
+    lows = both(g, {"x": x}, mode)
+    assert "LeakyRelu" in lows["float"].lowering["n"]
 
 
 def test_lut_and_code_movers_lowered():
@@ -386,14 +407,14 @@ def test_cli_sim_engine(tmp_path, capsys):
         outs[engine] = np.load(out)["y"]
     np.testing.assert_array_equal(outs["auto"], outs["plain"])
     np.testing.assert_array_equal(outs["ort"], outs["plain"])
-    g, x, *_ = conv_case(rng, act="LeakyRelu", act_params=(0.1,))  # a node with no lowering
+    g, x = softmax_graph()  # a node with no lowering
     npuforge.save(g, tmp_path / "p.nfir")
     np.save(tmp_path / "xp.npy", x)
     capsys.readouterr()
     assert main(["run", str(tmp_path / "p.nfir"), "--input", str(tmp_path / "xp.npy"), "--mode", "int",
                  "--sim-engine", "ort"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "node 'n' (Conv)" in err[0] and "Traceback" not in err[0]
+    assert len(err) == 1 and "(Softmax)" in err[0] and "Traceback" not in err[0]
 
 
 # -- multipliers ONNX Runtime's QLinearConv reproduces (npuforge/quant/ort_multipliers.py) -----

@@ -32,8 +32,8 @@ Gemm / MatMul run in double, Conv as ONNX Runtime's exact u8u8 ``ConvInteger``
 (int32 sums of uint8 codes, cast to double); the requantization is then a
 proven float64 formula.
 
-A node with no proven lowering (int16 outputs, fused LeakyRelu, Softmax,
-LayerNormalization, ...) raises
+A node with no proven lowering (int16 outputs, Softmax, LayerNormalization,
+...) raises
 :class:`~npuforge.errors.UnsupportedError` naming it; :func:`make_simulator`
 then uses the plain path. ONNX Runtime's ``ConvAddFusion`` and ``ConvMulFusion``
 are switched off: they would fold the requantization's constants into the
@@ -177,7 +177,7 @@ class _Builder(LoweringBuilder):
         prep = plain._prep_compute(node)
         xq = self.activation(node, node.inputs[0])
         self.activation(node, node.outputs[0])
-        if node.op not in ("Conv", "Gemm", "MatMul") or node.attrs.get("activation") == "LeakyRelu":
+        if node.op not in ("Conv", "Gemm", "MatMul"):
             self.refuse(node, "no lowering for this compute node")
         wide = prep["ftype"] is not torch.float32  # accumulators beyond float32's exact 2^24
         if wide and prep["ftype"] is not torch.float64:
@@ -196,11 +196,36 @@ class _Builder(LoweringBuilder):
             # ONNX's rule starts from float32(acc + bias): that rounding is the rule's own
             acc, wide = self.emit("Cast", [acc], f"{node.name}::acc32", to=TensorProto.FLOAT), False
         a, b, lo_c, hi_c = channel_ranges(plain, node)  # bias included
-        formula = proven_formula(plain, node, prep, offset, a, b, lo_c, hi_c, np.float64 if wide else np.float32)
+        shape = [-1] + [1] * (len(self.graph.values[node.outputs[0]].shape) - 2) if node.op == "Conv" else [-1]
+        acc_dtype = np.float64 if wide else np.float32
+        if node.attrs.get("activation") == "LeakyRelu":
+            self.report[node.name] = self._leaky(node, prep, acc, offset, a, b, lo_c, hi_c, shape, acc_dtype)
+            return
+        formula = proven_formula(plain, node, prep, offset, a, b, lo_c, hi_c, acc_dtype)
         if formula is None:
             self.refuse(node, "no float formula proven equal to its requantization")
-        shape = [-1] + [1] * (len(self.graph.values[node.outputs[0]].shape) - 2) if node.op == "Conv" else [-1]
         self.report[node.name] = self._formula(node, formula, acc, lo_c, hi_c, shape, acc_double=wide)
+
+    def _leaky(self, node, prep, acc, offset, a, b, lo_c, hi_c, shape, acc_dtype) -> str:
+        """A fused LeakyRelu: negative accumulators (bias included) take the derived
+        multiplier for alpha * m. Each side gets its own formula, proven on its part of
+        the channel's range, and ``Where(acc + bias < 0)`` picks."""
+        negative = {**prep, "M": prep.get("Mneg"), "S": prep.get("Sneg"), "scale": prep.get("scale_neg")}
+        sides = {"pos": (prep, np.maximum(a, 0), np.maximum(b, 0)), "neg": (negative, np.minimum(a, -1),
+                                                                         np.minimum(b, -1))}
+        outs, how = {}, []
+        for side, (p, lo_acc, hi_acc) in sides.items():
+            formula = proven_formula(self.plain, node, p, offset, lo_acc, hi_acc, lo_c, hi_c, acc_dtype)
+            if formula is None:
+                self.refuse(node, f"no float formula proven equal to its requantization ({side}itive side)")
+            part = dataclasses.replace(node, name=f"{node.name}::{side}", outputs=[f"{node.outputs[0]}::{side}"])
+            how.append(self._formula(part, formula, acc, lo_c, hi_c, shape, acc_double=acc_dtype is np.float64))
+            outs[side] = part.outputs[0]
+        dtype = np.float64 if acc_dtype is np.float64 else np.float32
+        threshold = self.const(f"{node.name}::negative_below", (-offset).astype(dtype).reshape(shape))
+        below = self.emit("Less", [acc, threshold], f"{node.name}::negative")
+        self.emit("Where", [below, outs["neg"], outs["pos"]], node.outputs[0])
+        return "LeakyRelu: " + " / ".join(how)
 
     def _accumulator(self, node, prep, bias, attrs) -> str:
         """The exact accumulator in float32 (every sum below 2^24)."""
