@@ -299,22 +299,34 @@ def test_reduce_sum_quantizes_as_a_pool_of_divisor_one(mode):
     both(q, {q.inputs[0]: q.values[q.inputs[0]].quant.quantize(x)}, mode)
 
 
-def softmax_graph():
-    """A quantized graph whose Softmax has no lowering yet (its integer rule runs on the plain path)."""
+def quantized_graph(module, example, seed=351):
     import npuforge
 
     torch.manual_seed(0)
-    graph = npuforge.from_torch(torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.Softmax(-1)).eval(),
-                                torch.zeros(2, 8))
-    x = np.random.default_rng(351).standard_normal((4, 8)).astype(np.float32)
+    graph = npuforge.from_torch(module.eval(), torch.zeros(*example))
+    x = np.random.default_rng(seed).standard_normal((4, *example[1:])).astype(np.float32)
     q = npuforge.quantize(graph, [x], log=lambda m: None)
     return q, q.values[q.inputs[0]].quant.quantize(x)
 
 
+def layernorm_graph():
+    """A quantized graph whose LayerNormalization has no lowering yet (its integer rule runs on the plain path)."""
+    return quantized_graph(torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.LayerNorm(6)), (2, 8))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_softmax_lowered_in_int64(mode):
+    for axis in (-1, 1):
+        g, x = quantized_graph(torch.nn.Sequential(torch.nn.Linear(8, 12), torch.nn.Unflatten(1, (3, 4)),
+                                                   torch.nn.Softmax(axis)), (2, 8))
+        lows = both(g, {g.inputs[0]: x}, mode)
+        assert "int64 softmax" in lows["float"].lowering.values()
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_node_with_no_lowering_falls_back_by_name(mode):
-    g, x = softmax_graph()
-    with pytest.raises(UnsupportedError, match="node '.*' \\(Softmax\\)"):
+    g, x = layernorm_graph()
+    with pytest.raises(UnsupportedError, match="node '.*' \\(LayerNormalization\\)"):
         LoweredSimulator(g, mode)
     assert isinstance(make_simulator(g, mode), IntegerSimulator)
     with pytest.raises(UnsupportedError):
@@ -407,14 +419,14 @@ def test_cli_sim_engine(tmp_path, capsys):
         outs[engine] = np.load(out)["y"]
     np.testing.assert_array_equal(outs["auto"], outs["plain"])
     np.testing.assert_array_equal(outs["ort"], outs["plain"])
-    g, x = softmax_graph()  # a node with no lowering
+    g, x = layernorm_graph()  # a node with no lowering
     npuforge.save(g, tmp_path / "p.nfir")
     np.save(tmp_path / "xp.npy", x)
     capsys.readouterr()
     assert main(["run", str(tmp_path / "p.nfir"), "--input", str(tmp_path / "xp.npy"), "--mode", "int",
                  "--sim-engine", "ort"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "(Softmax)" in err[0] and "Traceback" not in err[0]
+    assert len(err) == 1 and "(LayerNormalization)" in err[0] and "Traceback" not in err[0]
 
 
 # -- multipliers ONNX Runtime's QLinearConv reproduces (npuforge/quant/ort_multipliers.py) -----
