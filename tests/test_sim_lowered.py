@@ -299,19 +299,38 @@ def test_reduce_sum_quantizes_as_a_pool_of_divisor_one(mode):
     both(q, {q.inputs[0]: q.values[q.inputs[0]].quant.quantize(x)}, mode)
 
 
-def quantized_graph(module, example, seed=351):
+def quantized_graph(module, example, seed=351, config=None):
     import npuforge
 
     torch.manual_seed(0)
     graph = npuforge.from_torch(module.eval(), torch.zeros(*example))
     x = np.random.default_rng(seed).standard_normal((4, *example[1:])).astype(np.float32)
-    q = npuforge.quantize(graph, [x], log=lambda m: None)
+    q = npuforge.quantize(graph, [x], config, log=lambda m: None)
     return q, q.values[q.inputs[0]].quant.quantize(x)
 
 
-def layernorm_graph():
-    """A quantized graph whose LayerNormalization has no lowering yet (its integer rule runs on the plain path)."""
-    return quantized_graph(torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.LayerNorm(6)), (2, 8))
+def int16_graph():
+    """A quantized graph with an int16 Gemm output, which has no lowering: its
+    requantization to 65536 levels is beyond the proof's step count."""
+    return quantized_graph(torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4)),
+                           (2, 8), config={"int16": ["/0/Gemm"]})
+
+
+class Normalized(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.Linear(7, 7)
+        self.inorm, self.lnorm = torch.nn.InstanceNorm2d(6, affine=True), torch.nn.LayerNorm(7)
+
+    def forward(self, x):
+        return self.lnorm(self.fc(self.inorm(self.conv(x))))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_layer_and_instance_norm_lowered_in_int64(mode):
+    g, x = quantized_graph(Normalized(), (2, 3, 5, 7))
+    lows = both(g, {g.inputs[0]: x}, mode)
+    assert list(lows["float"].lowering.values()).count("int64 normalization") == 2
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -325,8 +344,8 @@ def test_softmax_lowered_in_int64(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_node_with_no_lowering_falls_back_by_name(mode):
-    g, x = layernorm_graph()
-    with pytest.raises(UnsupportedError, match="node '.*' \\(LayerNormalization\\)"):
+    g, x = int16_graph()
+    with pytest.raises(UnsupportedError, match="node '/0/Gemm' \\(Gemm\\)"):
         LoweredSimulator(g, mode)
     assert isinstance(make_simulator(g, mode), IntegerSimulator)
     with pytest.raises(UnsupportedError):
@@ -419,14 +438,14 @@ def test_cli_sim_engine(tmp_path, capsys):
         outs[engine] = np.load(out)["y"]
     np.testing.assert_array_equal(outs["auto"], outs["plain"])
     np.testing.assert_array_equal(outs["ort"], outs["plain"])
-    g, x = layernorm_graph()  # a node with no lowering
+    g, x = int16_graph()  # a node with no lowering
     npuforge.save(g, tmp_path / "p.nfir")
     np.save(tmp_path / "xp.npy", x)
     capsys.readouterr()
     assert main(["run", str(tmp_path / "p.nfir"), "--input", str(tmp_path / "xp.npy"), "--mode", "int",
                  "--sim-engine", "ort"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "(LayerNormalization)" in err[0] and "Traceback" not in err[0]
+    assert len(err) == 1 and "node '/0/Gemm' (Gemm)" in err[0] and "Traceback" not in err[0]
 
 
 # -- multipliers ONNX Runtime's QLinearConv reproduces (npuforge/quant/ort_multipliers.py) -----

@@ -23,8 +23,8 @@ plain path, which stays the reference) before the graph is accepted:
   possible sum (again computed by the plain path); AveragePool: exact window sums
   (explicit Pad, a depthwise Conv of ones), then one such table per window count.
 * Lookup ops: the plain path's table, read with ``Gather``.
-* Softmax: its integer rule in int64 (ReduceMax, the exp table by ``Gather``,
-  ReduceSum, Mul, and Div, which floors non-negative int64 values).
+* Softmax, LayerNormalization, InstanceNormalization: their integer rules in
+  ONNX Runtime's int64 arithmetic (:mod:`npuforge.sim.lowered_int64`).
 * Ops that only move codes (Reshape, Flatten, Transpose, MaxPool, Slice, Concat,
   Pad with its value translated, ...): the op itself.
 
@@ -34,7 +34,7 @@ Gemm / MatMul run in double, Conv as ONNX Runtime's exact u8u8 ``ConvInteger``
 (int32 sums of uint8 codes, cast to double); the requantization is then a
 proven float64 formula.
 
-A node with no proven lowering (int16 outputs, LayerNormalization, ...) raises
+A node with no proven lowering (an int16 output, ...) raises
 :class:`~npuforge.errors.UnsupportedError` naming it; :func:`make_simulator`
 then uses the plain path. ONNX Runtime's ``ConvAddFusion`` and ``ConvMulFusion``
 are switched off: they would fold the requantization's constants into the
@@ -56,6 +56,7 @@ from .float_exec import check_feeds
 from .int_ops import NP_INT
 from ..quant.requant import multiplier_value
 from .integer import IntegerSimulator, dequantize_output, quantize_input
+from . import lowered_int64 as int64_rules
 from .lowering_base import LoweringBuilder, channel_ranges
 from .monotone_fit import Formula, fit
 
@@ -423,33 +424,11 @@ class _Builder(LoweringBuilder):
         table = np.concatenate(tables) - int(yq.zero_point)
         self._gather(node, index, table, f"window sums + {len(tables)} tables ({table.size})")
 
-    def _int64(self, name: str, value) -> str:
-        return self.const(name, np.asarray(value, np.int64))
-
     def _softmax(self, node):
-        """The integer Softmax (npuforge/quant/softmax_rule.py) in ONNX Runtime's int64
-        arithmetic: exact (Div of non-negative int64 values is floor division)."""
-        self.activation(node, node.inputs[0])
-        yq = self.activation(node, node.outputs[0])
-        x, y, pre = node.inputs[0], node.outputs[0], node.name
-        axes = self._int64(f"{pre}::axes", [node.attrs["axis"]])
-        table = self.plain._int(node, "exp").astype(np.int64)
-        r, m = int(self.plain._int(node, "multiplier")), int(self.plain._int(node, "shift"))
-        top = self.emit("ReduceMax", [x, axes], f"{pre}::max", keepdims=1)
-        d = self.emit("Sub", [x, top], f"{pre}::d")
-        index = self.emit("Add", [d, self.const(f"{pre}::last", np.float32(len(table) - 1))], f"{pre}::ix_f")
-        index = self.emit("Cast", [index], f"{pre}::ix", to=TensorProto.INT32)
-        e = self.emit("Gather", [self.const(f"{pre}::exp", table), index], f"{pre}::e", axis=0)
-        total = self.emit("ReduceSum", [e, axes], f"{pre}::sum", keepdims=1)
-        num = self.emit("Add", [self.emit("Mul", [e, self._int64(f"{pre}::2r", 2 * r)], f"{pre}::2er"),
-                                self.emit("Mul", [total, self._int64(f"{pre}::2m", 1 << m)], f"{pre}::s2m")],
-                        f"{pre}::num")
-        den = self.emit("Mul", [total, self._int64(f"{pre}::2m1", 1 << (m + 1))], f"{pre}::den")
-        q = self.emit("Cast", [self.emit("Div", [num, den], f"{pre}::q64")], f"{pre}::q", to=TensorProto.FLOAT)
-        zp = int(yq.zero_point)
-        self.emit("Clip", [q, self.const(f"{y}::lo", np.float32(yq.qmin - zp)),
-                           self.const(f"{y}::hi", np.float32(yq.qmax - zp))], y)
-        self.report[node.name] = "int64 softmax"
+        self.report[node.name] = int64_rules.softmax(self, node)
+
+    def _layernorm(self, node):
+        self.report[node.name] = int64_rules.layernorm(self, node)
 
     def _lut(self, node):
         xq, yq = self.activation(node, node.inputs[0]), self.activation(node, node.outputs[0])

@@ -1,0 +1,90 @@
+"""The float lowering (:mod:`npuforge.sim.lowered`) of the two rules that are integer
+programs rather than one requantization: Softmax (npuforge/quant/softmax_rule.py)
+and LayerNormalization / InstanceNormalization (npuforge/quant/layernorm_rule.py),
+written in ONNX Runtime's int64 arithmetic, step for step as the plain simulator
+computes them. Every step is exact: int64 products stay below 2^62 by the rules'
+own bounds, ``Div`` of non-negative int64 values is floor division, a floor
+division by 2^t of a signed value is ``(a - Mod(a, 2^t)) / 2^t``, and the integer
+square root is a float64 estimate corrected by one step each way.
+
+Each function takes the builder (its ``emit``, ``const``, ``activation``, ``plain``)
+and the node, emits into the node's output (values ``q - zp`` in float32, as the
+rest of the float lowering), and returns a one-line description.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from ..quant import layernorm_rule
+
+
+def _int64(builder, name: str, value) -> str:
+    return builder.const(name, np.asarray(value, np.int64))
+
+
+def _store(builder, node, q64: str) -> None:
+    """int64 codes without the zero point -> the node's float32 output, clamped to its type."""
+    yq = builder.activation(node, node.outputs[0])
+    y, zp = node.outputs[0], int(yq.zero_point)
+    q = builder.emit("Cast", [q64], f"{node.name}::q", to=TensorProto.FLOAT)
+    builder.emit("Clip", [q, builder.const(f"{y}::lo", np.float32(yq.qmin - zp)),
+                          builder.const(f"{y}::hi", np.float32(yq.qmax - zp))], y)
+
+
+def softmax(builder, node) -> str:
+    builder.activation(node, node.inputs[0])
+    x, pre, plain = node.inputs[0], node.name, builder.plain
+    axes = _int64(builder, f"{pre}::axes", [node.attrs["axis"]])
+    table = plain._int(node, "exp").astype(np.int64)
+    r, m = int(plain._int(node, "multiplier")), int(plain._int(node, "shift"))
+    top = builder.emit("ReduceMax", [x, axes], f"{pre}::max", keepdims=1)
+    d = builder.emit("Sub", [x, top], f"{pre}::d")  # exact: integers in float32
+    index = builder.emit("Add", [d, builder.const(f"{pre}::last", np.float32(len(table) - 1))], f"{pre}::ix_f")
+    index = builder.emit("Cast", [index], f"{pre}::ix", to=TensorProto.INT32)
+    e = builder.emit("Gather", [builder.const(f"{pre}::exp", table), index], f"{pre}::e", axis=0)
+    total = builder.emit("ReduceSum", [e, axes], f"{pre}::sum", keepdims=1)
+    num = builder.emit("Add", [builder.emit("Mul", [e, _int64(builder, f"{pre}::2r", 2 * r)], f"{pre}::2er"),
+                               builder.emit("Mul", [total, _int64(builder, f"{pre}::2m", 1 << m)], f"{pre}::s2m")],
+                       f"{pre}::num")
+    den = builder.emit("Mul", [total, _int64(builder, f"{pre}::2m1", 1 << (m + 1))], f"{pre}::den")
+    _store(builder, node, builder.emit("Div", [num, den], f"{pre}::q64"))
+    return "int64 softmax"
+
+
+def layernorm(builder, node) -> str:
+    builder.activation(node, node.inputs[0])
+    x, pre, plain = node.inputs[0], node.name, builder.plain
+    dims, n, _ = layernorm_rule._geometry(builder.graph, node)
+    axes = _int64(builder, f"{pre}::axes", list(dims))
+    q = builder.emit("Cast", [x], f"{pre}::q_in", to=TensorProto.INT64)  # q - zp: the zero point cancels in c
+    total = builder.emit("ReduceSum", [q, axes], f"{pre}::sum", keepdims=1)
+    c = builder.emit("Sub", [builder.emit("Mul", [q, _int64(builder, f"{pre}::n", n)], f"{pre}::nq"), total],
+                     f"{pre}::c")
+    v = builder.emit("ReduceSum", [builder.emit("Mul", [c, c], f"{pre}::c2"), axes], f"{pre}::v", keepdims=1)
+    ve = builder.emit("Add", [v, _int64(builder, f"{pre}::eps", int(plain._int(node, "epsilon")))], f"{pre}::ve")
+    a = builder.emit("Div", [_int64(builder, f"{pre}::np", n << layernorm_rule._p_bits(n)), ve], f"{pre}::a")
+    r = _isqrt(builder, a, f"{pre}::r")
+    g = builder.const(f"{pre}::g", plain._int(node, "scale").astype(np.int64))
+    b = builder.const(f"{pre}::b", plain._int(node, "bias").astype(np.int64))
+    t = int(plain._int(node, "shift"))
+    crg = builder.emit("Mul", [builder.emit("Mul", [c, r], f"{pre}::cr"), g], f"{pre}::crg")
+    biased = builder.emit("Add", [builder.emit("Add", [crg, b], f"{pre}::crgb"),
+                                  _int64(builder, f"{pre}::half", 1 << (t - 1))], f"{pre}::rounded")
+    step = _int64(builder, f"{pre}::2t", 1 << t)
+    exact = builder.emit("Sub", [biased, builder.emit("Mod", [biased, step], f"{pre}::rem", fmod=0)], f"{pre}::floor")
+    _store(builder, node, builder.emit("Div", [exact, step], f"{pre}::q64"))
+    return "int64 normalization"
+
+
+def _isqrt(builder, a: str, out: str) -> str:
+    """floor(sqrt(a)) of int64 a below 2^62: float64 estimate, then one correction each way."""
+    est = builder.emit("Sqrt", [builder.emit("Cast", [a], f"{out}::a64", to=TensorProto.DOUBLE)], f"{out}::sqrt")
+    r0 = builder.emit("Cast", [builder.emit("Floor", [est], f"{out}::floor")], f"{out}::r0", to=TensorProto.INT64)
+    one = _int64(builder, "int64_one", 1)
+    too_big = builder.emit("Greater", [builder.emit("Mul", [r0, r0], f"{out}::r0sq"), a], f"{out}::over")
+    r1 = builder.emit("Where", [too_big, builder.emit("Sub", [r0, one], f"{out}::r0m"), r0], f"{out}::r1")
+    up = builder.emit("Add", [r1, one], f"{out}::r1p")
+    fits = builder.emit("LessOrEqual", [builder.emit("Mul", [up, up], f"{out}::r1psq"), a], f"{out}::fits")
+    return builder.emit("Where", [fits, up, r1], out)
