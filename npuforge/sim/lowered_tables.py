@@ -1,0 +1,144 @@
+"""The float lowering's table-driven nodes (a mixin of :mod:`npuforge.sim.lowered`'s
+builder): every output the plain simulator computes from one 8-bit code, a pair of
+codes or an exact sum is read from a table the plain simulator itself filled, with
+``Gather`` at an exact integer index. Add / Sub / Mul of two activations (all
+256 x 256 results), of one with a constant or itself (256 per element of the
+constant), lookup ops, and the pools (one table per window count over every
+possible sum).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from onnx import TensorProto
+
+from ..ops.registry import get_op
+from .int_ops import NP_INT
+
+MAX_TABLE = 1 << 22  # entries of a pooling table (sums of at most 16 K int8 values)
+
+
+class TableLowerings:
+    """``_elementwise``, ``_pool``, ``_lut`` for a builder with ``emit``, ``const``,
+    ``activation``, ``refuse``, ``plain``, ``graph`` and ``report``."""
+
+    def _gather(self, node, index: str, table: np.ndarray, what: str):
+        """out = table[int(index)]: ``index`` a float tensor of exact non-negative integers."""
+        idx = self.emit("Cast", [index], f"{node.name}::idx", to=TensorProto.INT32)
+        tab = self.const(f"{node.name}::table", table.astype(np.float32))
+        self.emit("Gather", [tab, idx], node.outputs[0], axis=0)
+        self.report[node.name] = what
+
+    def _elementwise(self, node):
+        names = node.inputs[:2]
+        consts = [k for k in range(2) if f"input{k}" in node.quant]
+        if consts or len(set(names)) < 2:
+            return self._elementwise_unary(node, 1 - consts[0] if consts else 0)
+        qs = [self.activation(node, n) for n in names]
+        yq = self.activation(node, node.outputs[0])
+        if any(q.dtype not in ("int8", "uint8") for q in qs):
+            self.refuse(node, "operands wider than 8 bits")
+        codes = [np.arange(q.qmin, q.qmax + 1).astype(NP_INT[q.dtype]) for q in qs]
+        env = {names[0]: torch.from_numpy(codes[0])[:, None], names[1]: torch.from_numpy(codes[1])[None, :]}
+        table = self.plain._elementwise(node, env)[0].numpy().astype(np.int64) - int(yq.zero_point)
+        n1 = len(codes[1])
+        low = [q.qmin - int(q.zero_point) for q in qs]
+        scaled = self.emit("Mul", [names[0], self.const(f"{node.name}::n1", np.float32(n1))], f"{node.name}::a")
+        summed = self.emit("Add", [scaled, names[1]], f"{node.name}::ab")
+        index = self.emit("Add", [summed, self.const(f"{node.name}::off", np.float32(-low[0] * n1 - low[1]))],
+                          f"{node.name}::ix")
+        self._gather(node, index, table.reshape(-1), f"table {table.size}")
+
+    def _elementwise_unary(self, node, k: int):
+        """Add / Sub / Mul of one activation (operand ``k``) with a constant, or with
+        itself: a table per element of the constant over every code of the activation,
+        computed by the plain path, read with ``Gather`` at ``code + levels * j`` (j the
+        constant's element, broadcast as the op broadcasts)."""
+        name = node.inputs[k]
+        q, yq = self.activation(node, name), self.activation(node, node.outputs[0])
+        if q.dtype not in ("int8", "uint8"):
+            self.refuse(node, "operands wider than 8 bits")
+        role = f"input{1 - k}"
+        cshape = tuple(np.asarray(self.plain._int(node, role)).shape) if role in node.quant else ()
+        levels = q.qmax - q.qmin + 1
+        count = int(np.prod(cshape, dtype=np.int64))
+        if count * levels > MAX_TABLE:
+            self.refuse(node, f"a constant of {count} elements (table of {count * levels} entries)")
+        codes = np.arange(q.qmin, q.qmax + 1).astype(NP_INT[q.dtype]).reshape((levels,) + (1,) * len(cshape))
+        out = self.plain._elementwise(node, {name: torch.from_numpy(codes)})[0].numpy().astype(np.int64)
+        table = np.moveaxis(np.broadcast_to(out, (levels,) + cshape), 0, -1) - int(yq.zero_point)
+        index = self.emit("Add", [name, self.const(f"{node.name}::off", np.float32(int(q.zero_point) - q.qmin))],
+                          f"{node.name}::code")
+        if count > 1 or cshape:
+            grid = (np.arange(count, dtype=np.float32) * levels).reshape(cshape)
+            index = self.emit("Add", [index, self.const(f"{node.name}::grid", grid)], f"{node.name}::ix")
+        self._gather(node, index, table.reshape(-1), f"table {table.size} over one operand")
+
+    def _pool(self, node):
+        g = self.graph
+        xq, yq = self.activation(node, node.inputs[0]), self.activation(node, node.outputs[0])
+        shape = g.values[node.inputs[0]].shape
+        if node.op == "GlobalAveragePool":
+            axes, keep = list(range(2, len(shape))), 1
+        elif node.op in ("ReduceMean", "ReduceSum"):
+            axes_name = node.inputs[1] if len(node.inputs) > 1 else ""
+            axes = [int(a) % len(shape) for a in np.asarray(g.values[axes_name].data).reshape(-1)] if axes_name \
+                else []
+            if not axes and node.attrs["noop_with_empty_axes"]:
+                self.refuse(node, "an empty-axes no-op")
+            axes, keep = axes or list(range(len(shape))), int(node.attrs["keepdims"])
+        else:
+            return self._window_pool(node, xq, yq, shape)
+        dims = [shape[a] for a in axes]
+        if not all(isinstance(d, int) for d in dims):
+            self.refuse(node, "pooling over dynamic dimensions")
+        count = int(np.prod(dims))
+        low, high = count * (xq.qmin - int(xq.zero_point)), count * (xq.qmax - int(xq.zero_point))
+        if high - low + 1 > MAX_TABLE:
+            self.refuse(node, f"{count} elements per window (table of {high - low + 1} sums)")
+        sums = torch.arange(low, high + 1, dtype=torch.int64)
+        out = self.plain.pool_output(node, sums, torch.tensor(count))
+        table = out.clamp(yq.qmin, yq.qmax).numpy() - int(yq.zero_point)
+        total = self.emit("ReduceSum", [node.inputs[0], self.const(f"{node.name}::axes", np.int64(axes))],
+                          f"{node.name}::sum", keepdims=keep)
+        index = self.emit("Add", [total, self.const(f"{node.name}::off", np.float32(-low))], f"{node.name}::ix")
+        self._gather(node, index, table, f"sum + table {table.size}")
+
+    def _window_pool(self, node, xq, yq, shape):
+        """AveragePool: exact window sums (the op's explicit padding, then a depthwise
+        convolution with ones, in float32), then one table per distinct window count
+        (the counts differ at the borders), indexed at ``sum + offset[position]``."""
+        if not all(isinstance(d, int) for d in shape):
+            self.refuse(node, "pooling over dynamic dimensions")
+        op, a = get_op("AveragePool"), node.attrs
+        channels, nsp = shape[1], len(shape) - 2
+        _, counts = op.window_sums(node, torch.zeros((1, channels, *shape[2:]), dtype=torch.float64))
+        counts = counts.to(torch.int64).numpy()  # [1, 1, *out]
+        low, high = xq.qmin - int(xq.zero_point), xq.qmax - int(xq.zero_point)
+        tables, offsets = [], np.zeros(counts.shape, np.int64)
+        base = 0
+        for c in np.unique(counts):
+            sums = torch.arange(int(c) * low, int(c) * high + 1, dtype=torch.int64)
+            tables.append(self.plain.pool_output(node, sums, torch.tensor(int(c))).clamp(yq.qmin, yq.qmax).numpy())
+            offsets[counts == c] = base - int(c) * low
+            base += len(sums)
+        if base > MAX_TABLE or int(counts.max()) * max(-low, high) >= 2**24:
+            self.refuse(node, f"windows of up to {int(counts.max())} elements (table of {base} sums)")
+        pads = op.exact_pads(node, tuple(shape))
+        onnx_pads = [0, 0] + pads[:nsp] + [0, 0] + pads[nsp:]
+        padded = self.emit("Pad", [node.inputs[0], self.const(f"{node.name}::pads", np.int64(onnx_pads))],
+                           f"{node.name}::padded")
+        ones = self.const(f"{node.name}::ones", np.ones((channels, 1, *a["kernel_shape"]), np.float32))
+        total = self.emit("Conv", [padded, ones], f"{node.name}::sum", group=channels, kernel_shape=a["kernel_shape"],
+                          strides=a["strides"], dilations=a["dilations"], pads=[0] * (2 * nsp))
+        index = self.emit("Add", [total, self.const(f"{node.name}::off", offsets.astype(np.float32))],
+                          f"{node.name}::ix")
+        table = np.concatenate(tables) - int(yq.zero_point)
+        self._gather(node, index, table, f"window sums + {len(tables)} tables ({table.size})")
+
+    def _lut(self, node):
+        xq, yq = self.activation(node, node.inputs[0]), self.activation(node, node.outputs[0])
+        table = self.plain._table(node).numpy() - int(yq.zero_point)
+        off = self.const(f"{node.name}::off", np.float32(int(xq.zero_point) - xq.qmin))
+        self._gather(node, self.emit("Add", [node.inputs[0], off], f"{node.name}::ix"), table, "table")
