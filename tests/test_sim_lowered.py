@@ -175,21 +175,7 @@ def test_conv_with_accumulators_beyond_float32_runs_as_conv_integer(geometry, mo
 
 
 def test_gemm_with_accumulators_beyond_float32_runs_in_double():
-    rng = np.random.default_rng(371)
-    xp_, yp = qp("uint8", 0.02, 120), qp("uint8", 4.0, 128)
-    wq = rng.integers(-127, 128, (6, 2500)).astype(np.int8)  # transB: [N, K]; sum |w| * 136 > 2^24
-    ws = np.float32(0.004)
-    bias = rng.integers(-5000, 5000, 6).astype(np.int32)
-    x = rng.integers(0, 256, (4, 2500)).astype(np.uint8)
-    b = G()
-    b.input("x", x.shape, xp_)
-    from npuforge.quant.params import QParams
-
-    b.const("w", wq.astype(np.float32) * ws, QParams("int8", np.float32(ws), np.int32(0)))
-    b.const("bias", bias.astype(np.float32) * np.float32(0.02 * ws))
-    g = b.node("Gemm", ["x", "w", "bias"], (4, 6), yp,
-               {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 1, "activation": "", "activation_params": []},
-               {"weight": wq, "bias": bias, **requant_ints(0.02 * float(ws) / 4.0)})
+    g, x = gemm_case(371, batch=4, n=6, k=2500, y_scale=4.0)  # sum |w| * 136 > 2^24
     for mode in MODES:
         assert IntegerSimulator(g, mode)._prep_compute(g.nodes[0])["bound"] >= 2**24
         both(g, {"x": x}, mode)
@@ -399,23 +385,28 @@ def test_make_simulator_engines():
     np.testing.assert_array_equal(make_simulator(g).run({"x": xf})["y"], IntegerSimulator(g).run({"x": xf})["y"])
 
 
-def test_gemm_lowered_equals_plain():
-    rng = np.random.default_rng(370)
-    xp_, yp = qp("uint8", 0.02, 120), qp("uint8", 0.05, 128)
-    wq = rng.integers(-127, 128, (10, 40)).astype(np.int8)  # transB: [N, K]
+def gemm_case(seed, batch=3, n=10, k=40, y_scale=0.05):
+    """A Gemm (transB, weight [N, K], int32 bias) on uint8 activations."""
+    rng = np.random.default_rng(seed)
+    xp_, yp = qp("uint8", 0.02, 120), qp("uint8", y_scale, 128)
+    wq = rng.integers(-127, 128, (n, k)).astype(np.int8)
     ws = np.float32(0.004)
-    bias = rng.integers(-5000, 5000, 10).astype(np.int32)
-    x = rng.integers(0, 256, (3, 40)).astype(np.uint8)
+    bias = rng.integers(-5000, 5000, n).astype(np.int32)
+    x = rng.integers(0, 256, (batch, k)).astype(np.uint8)
     b = G()
     b.input("x", x.shape, xp_)
     from npuforge.quant.params import QParams
 
     b.const("w", wq.astype(np.float32) * ws, QParams("int8", np.float32(ws), np.int32(0)))
     b.const("bias", bias.astype(np.float32) * np.float32(0.02 * ws))
-    m = 0.02 * float(ws) / 0.05
-    g = b.node("Gemm", ["x", "w", "bias"], (3, 10), yp,
+    g = b.node("Gemm", ["x", "w", "bias"], (batch, n), yp,
                {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 1, "activation": "", "activation_params": []},
-               {"weight": wq, "bias": bias, **requant_ints(m)})
+               {"weight": wq, "bias": bias, **requant_ints(0.02 * float(ws) / y_scale)})
+    return g, x
+
+
+def test_gemm_lowered_equals_plain():
+    g, x = gemm_case(370)
     for mode in MODES:
         both(g, {"x": x}, mode)
 
