@@ -317,6 +317,18 @@ def test_layer_and_instance_norm_lowered_in_int64(mode):
     g, x = quantized_graph(Normalized(), (2, 3, 5, 7))
     lows = both(g, {g.inputs[0]: x}, mode)
     assert list(lows["float"].lowering.values()).count("int64 normalization") == 2
+    # slices of 96 x 96 positions: variances past 2^23, so the per-slice shift h > 0 is taken
+    wide = torch.nn.Sequential(torch.nn.Conv2d(3, 2, 3, padding=1), torch.nn.InstanceNorm2d(2, affine=True))
+    g, x = quantized_graph(wide, (2, 3, 96, 96))
+    from npuforge.quant.layernorm_rule import shift_of
+
+    plain = IntegerSimulator(g, mode)
+    node = next(n for n in g.nodes if n.op == "InstanceNormalization")
+    codes = plain.run({g.inputs[0]: x}, outputs=[node.inputs[0]], dequantize=False)[node.inputs[0]]
+    q = torch.from_numpy(codes.astype(np.int64))
+    c = q.shape[2] * q.shape[3] * q - q.sum(dim=(2, 3), keepdim=True)
+    assert (shift_of((c * c).sum(dim=(2, 3), keepdim=True)) > 0).all()
+    both(g, {g.inputs[0]: x}, mode)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -75,6 +75,16 @@ class _IntegerNormalization(Op):
 
     quant = "layernorm"
 
+    def _fits(self, node, graph) -> bool:
+        from ..errors import NpuforgeError
+        from ..quant import layernorm_rule
+
+        try:
+            _, n, _ = layernorm_rule._geometry(graph, node)
+        except NpuforgeError:  # dynamic normalized axes: no integer rule
+            return False
+        return layernorm_rule.fits(n)
+
     def quantize_integers(self, graph, node, add):
         from ..quant.layernorm_rule import quantize_integers
 
@@ -95,9 +105,10 @@ class LayerNormalization(_IntegerNormalization):
     summary = ("normalize over the axes from axis on, * Scale + B; float32 Mean / InvStdDev outputs (stash_type 1); "
                "int8: integer mean, variance and square root")
     def quant_kind(self, node, graph):
-        # the integer rule needs constant Scale / B and computes only Y
+        # the integer rule needs constant Scale / B, computes only Y, and slices int64 can sum
         params = [i for i in node.inputs[1:] if i]
-        return self.quant if len(node.outputs) == 1 and all(graph.values[i].is_const for i in params) else None
+        ok = len(node.outputs) == 1 and all(graph.values[i].is_const for i in params) and self._fits(node, graph)
+        return self.quant if ok else None
 
     def from_onnx(self, ctx, node):
         _check_stash_type(node)
@@ -144,7 +155,8 @@ class InstanceNormalization(_IntegerNormalization):
     summary = ("normalize each (sample, channel) over the spatial axes, then * scale + B per channel; "
                "int8: the integer rule of LayerNormalization")
     def quant_kind(self, node, graph):
-        return self.quant if all(graph.values[i].is_const for i in node.inputs[1:]) else None
+        ok = all(graph.values[i].is_const for i in node.inputs[1:]) and self._fits(node, graph)
+        return self.quant if ok else None
 
     def infer(self, node, ins):
         x = ins[0]

@@ -9,18 +9,21 @@ zero point ``zp_y``:
 
 1. ``c = N * q - sum(q)``: N times the centred code, exact (the zero point cancels);
 2. ``V = sum(c^2)``, so the variance in codes is ``V / N^3``; ``E = round(eps / s_x^2 * N^3)``
-   carries epsilon on the same scale (at least 1, so a constant slice divides by it);
-3. ``r = isqrt((N << P) // (V + E))`` with ``P`` the largest even number keeping
-   ``N << P`` below 2^62: ``c * r / 2^(P/2)`` is the normalized value, ``|c * r| <=
-   2^(P/2) * sqrt(N)`` (a single ``c^2`` never exceeds ``V``); ``r`` keeps about
-   ``31 - 1.5 log2(N) - log2(sigma)`` significant bits, sigma the slice's deviation in
-   codes (14 for N = 384 and sigma = 20);
-4. ``y = floor((c * r * G + B + 2^(T-1)) / 2^T) + zp_y``, saturated, with per-element
+   carries epsilon on the same scale (at least 1, so a constant slice divides by it;
+   at most 2^60);
+3. ``D = V + E``, brought to 23 bits or fewer by ``h = #{j in 1..20: D >= 2^(21 + 2j)}``:
+   ``D_h = D // 4^h``; then ``r = isqrt((N << P) // D_h)`` with ``P`` the largest even
+   number keeping ``N << P`` below 2^62, and ``u = floor(c * r / 2^h)``: ``u / 2^(P/2)``
+   is the normalized value, ``|u| <= 2^(P/2) * sqrt(N)`` (a single ``c^2`` never
+   exceeds ``V``). ``r`` keeps about 20 significant bits whatever N and the slice's
+   spread (the shift by h is what makes that so: without it, large slices kept a few);
+4. ``y = floor((u * G + B + 2^(T-1)) / 2^T) + zp_y``, saturated, with per-element
    ``G = round(scale / s_y * 2^F)``, ``B = round(bias / s_y * 2^T)``, ``T = P/2 + F`` and
    the largest ``F <= 24`` that keeps every term below 2^61.
 
 All of it is int64 arithmetic; the integer square root is exact (a float64 estimate
-corrected by one step each way).
+corrected by one step each way). ``V`` stays below 2^61 for slices of up to
+``MAX_ELEMENTS`` 8-bit codes; a larger normalization is kept in float.
 """
 
 from __future__ import annotations
@@ -34,6 +37,19 @@ from ..errors import NpuforgeError
 
 MAX_F = 24
 LIMIT = 61  # every intermediate stays below 2^61 (and so their sum below 2^63)
+MAX_ELEMENTS = 32768  # N^3 * 255^2 < 2^61: V = sum(c^2) fits int64 with room for E
+SHIFT_STEPS = 20  # D >= 2^(21 + 2j) for j = 1..20 decides h (D < 2^62)
+
+
+def fits(n: int) -> bool:
+    """Whether a slice of ``n`` 8-bit codes keeps the rule's sums inside int64."""
+    return n <= MAX_ELEMENTS
+
+
+def shift_of(d: torch.Tensor) -> torch.Tensor:
+    """h: how many times D must be divided by 4 to have at most 23 bits (int64 tensors)."""
+    limits = torch.tensor([1 << (21 + 2 * j) for j in range(1, SHIFT_STEPS + 1)], dtype=torch.int64)
+    return (d.unsqueeze(-1) >= limits).sum(dim=-1)
 
 
 def _geometry(graph, node) -> tuple[tuple, int, tuple]:
@@ -69,7 +85,7 @@ def quantize_integers(graph, node, add) -> None:
     _, n, params = _geometry(graph, node)
     scale, bias = _parameter(graph, node, 1, params), _parameter(graph, node, 2, params)
     s_x, s_y = float(xp.scale), float(yp.scale)
-    eps = max(1, round(node.attrs["epsilon"] / (s_x * s_x) * n ** 3))
+    eps = min(max(1, round(node.attrs["epsilon"] / (s_x * s_x) * n ** 3)), 1 << 60)
     half_p = _p_bits(n) // 2
     g_max = max(float(np.abs(scale).max()) / s_y, 1e-30)
     b_max = float(np.abs(bias).max()) / s_y
@@ -97,11 +113,13 @@ def integer_forward(sim, node, env) -> list:
     q = sim._as_codes(node.inputs[0], env).to(torch.int64)
     dims, n, _ = _geometry(sim.graph, node)
     c = n * q - q.sum(dim=dims, keepdim=True)
-    v = (c * c).sum(dim=dims, keepdim=True)
-    r = isqrt((n << _p_bits(n)) // (v + int(sim._int(node, "epsilon"))))
+    d = (c * c).sum(dim=dims, keepdim=True) + int(sim._int(node, "epsilon"))
+    h = shift_of(d)
+    r = isqrt((n << _p_bits(n)) // (d >> (2 * h)))
+    u = (c * r) >> h  # arithmetic shift: floor
     g = torch.from_numpy(sim._int(node, "scale"))
     b = torch.from_numpy(sim._int(node, "bias"))
     t = int(sim._int(node, "shift"))
-    y = (c * r * g + b + (1 << (t - 1))) >> t
+    y = (u * g + b + (1 << (t - 1))) >> t
     p = sim._q(node.outputs[0])
     return [sim._store(y + int(p.zero_point), p)]

@@ -63,19 +63,38 @@ def layernorm(builder, node) -> str:
     c = builder.emit("Sub", [builder.emit("Mul", [q, _int64(builder, f"{pre}::n", n)], f"{pre}::nq"), total],
                      f"{pre}::c")
     v = builder.emit("ReduceSum", [builder.emit("Mul", [c, c], f"{pre}::c2"), axes], f"{pre}::v", keepdims=1)
-    ve = builder.emit("Add", [v, _int64(builder, f"{pre}::eps", int(plain._int(node, "epsilon")))], f"{pre}::ve")
-    a = builder.emit("Div", [_int64(builder, f"{pre}::np", n << layernorm_rule._p_bits(n)), ve], f"{pre}::a")
+    d = builder.emit("Add", [v, _int64(builder, f"{pre}::eps", int(plain._int(node, "epsilon")))], f"{pre}::d")
+    # h = #{j: d >= 2^(21 + 2j)}; d // 4^h and floor(c r / 2^h) by tables of powers
+    steps = layernorm_rule.SHIFT_STEPS
+    limits = _int64(builder, f"{pre}::limits", [1 << (21 + 2 * j) for j in range(1, steps + 1)])
+    last = _int64(builder, f"{pre}::last_axis", [-1])
+    above = builder.emit("GreaterOrEqual", [builder.emit("Unsqueeze", [d, last], f"{pre}::d1"), limits],
+                         f"{pre}::above")
+    h = builder.emit("ReduceSum", [builder.emit("Cast", [above], f"{pre}::above64", to=TensorProto.INT64), last],
+                     f"{pre}::h", keepdims=0)
+    pow4 = builder.emit("Gather", [_int64(builder, f"{pre}::pow4", [4 ** k for k in range(steps + 1)]), h],
+                        f"{pre}::4h", axis=0)
+    pow2 = builder.emit("Gather", [_int64(builder, f"{pre}::pow2", [2 ** k for k in range(steps + 1)]), h],
+                        f"{pre}::2h", axis=0)
+    dh = builder.emit("Div", [d, pow4], f"{pre}::dh")
+    a = builder.emit("Div", [_int64(builder, f"{pre}::np", n << layernorm_rule._p_bits(n)), dh], f"{pre}::a")
     r = _isqrt(builder, a, f"{pre}::r")
     g = builder.const(f"{pre}::g", plain._int(node, "scale").astype(np.int64))
     b = builder.const(f"{pre}::b", plain._int(node, "bias").astype(np.int64))
     t = int(plain._int(node, "shift"))
-    crg = builder.emit("Mul", [builder.emit("Mul", [c, r], f"{pre}::cr"), g], f"{pre}::crg")
+    u = _floor_div(builder, builder.emit("Mul", [c, r], f"{pre}::cr"), pow2, f"{pre}::u")
+    crg = builder.emit("Mul", [u, g], f"{pre}::crg")
     biased = builder.emit("Add", [builder.emit("Add", [crg, b], f"{pre}::crgb"),
                                   _int64(builder, f"{pre}::half", 1 << (t - 1))], f"{pre}::rounded")
-    step = _int64(builder, f"{pre}::2t", 1 << t)
-    exact = builder.emit("Sub", [biased, builder.emit("Mod", [biased, step], f"{pre}::rem", fmod=0)], f"{pre}::floor")
-    _store(builder, node, builder.emit("Div", [exact, step], f"{pre}::q64"))
+    _store(builder, node, _floor_div(builder, biased, _int64(builder, f"{pre}::2t", 1 << t), f"{pre}::q64"))
     return "int64 normalization"
+
+
+def _floor_div(builder, x: str, power: str, out: str) -> str:
+    """floor(x / power) for signed int64 x and a positive power of two: ONNX's integer
+    Div truncates, so the remainder (Mod with the divisor's sign) goes first."""
+    exact = builder.emit("Sub", [x, builder.emit("Mod", [x, power], f"{out}::rem", fmod=0)], f"{out}::exact")
+    return builder.emit("Div", [exact, power], out)
 
 
 def _isqrt(builder, a: str, out: str) -> str:
