@@ -190,10 +190,7 @@ class _Builder(TableLowerings, LoweringBuilder):
         offset = np.zeros(channels, np.int64) if prep["bias"] is None or fold \
             else np.broadcast_to(prep["bias"], (channels,)).astype(np.int64)
         attrs = {k: v for k, v in node.attrs.items() if k not in FUSED_ATTRS and v is not None and v != []}
-        if wide:
-            acc = self._wide_accumulator(node, prep, xq, bias, attrs)
-        else:
-            acc = self._accumulator(node, prep, bias, attrs)
+        acc = self._accumulator(node, prep, bias, attrs, wide, xq)
         if wide and plain.rounding == "onnx" and not offset.any():
             # ONNX's rule starts from float32(acc + bias): that rounding is the rule's own
             acc, wide = self.emit("Cast", [acc], f"{node.name}::acc32", to=TensorProto.FLOAT), False
@@ -223,51 +220,41 @@ class _Builder(TableLowerings, LoweringBuilder):
             part = dataclasses.replace(node, name=f"{node.name}::{side}", outputs=[f"{node.outputs[0]}::{side}"])
             how.append(self._formula(part, formula, acc, lo_c, hi_c, shape, acc_double=acc_dtype is np.float64))
             outs[side] = part.outputs[0]
-        dtype = np.float64 if acc_dtype is np.float64 else np.float32
-        threshold = self.const(f"{node.name}::negative_below", (-offset).astype(dtype).reshape(shape))
+        threshold = self.const(f"{node.name}::negative_below", (-offset).astype(acc_dtype).reshape(shape))
         below = self.emit("Less", [acc, threshold], f"{node.name}::negative")
         self.emit("Where", [below, outs["neg"], outs["pos"]], node.outputs[0])
         return "LeakyRelu: " + " / ".join(how)
 
-    def _accumulator(self, node, prep, bias, attrs) -> str:
-        """The exact accumulator in float32 (every sum below 2^24)."""
-        w = self.const(f"{node.name}::w", prep["w"].astype(np.float32))
-        acc = f"{node.name}::acc"
-        if node.op == "MatMul":
-            self.emit("MatMul", [node.inputs[0], w], acc if bias is None else acc + "0")
-            if bias is not None:
-                self.emit("Add", [acc + "0", self.const(f"{node.name}::b", bias.astype(np.float32))], acc)
-        else:
-            ins = [node.inputs[0], w] + ([self.const(f"{node.name}::b", bias.astype(np.float32))]
-                                         if bias is not None else [])
-            self.emit(node.op, ins, acc, **attrs)
-        return acc
+    def _accumulator(self, node, prep, bias, attrs, wide: bool, xq) -> str:
+        """The exact accumulator: in float32 (every sum below 2^24), or in float64 for
+        sums beyond that (below 2^53), where Gemm / MatMul run on float64 copies (ONNX
+        Runtime has them in double) and Conv as ONNX Runtime's exact u8u8
+        ``ConvInteger`` (int32 sums, uint8 activations only), cast to double."""
+        if wide and node.op == "Conv":
+            return self._conv_integer(node, prep, xq, attrs)
+        dtype, suffix = (np.float64, "64") if wide else (np.float32, "")
+        x = node.inputs[0]
+        if wide:
+            x = self.emit("Cast", [x], f"{node.name}::x64", to=TensorProto.DOUBLE)
+        w = self.const(f"{node.name}::w{suffix}", prep["w"].astype(dtype))
+        b = [self.const(f"{node.name}::b{suffix}", bias.astype(dtype))] if bias is not None else []
+        acc = f"{node.name}::acc{suffix}"
+        if node.op != "MatMul":
+            return self.emit(node.op, [x, w] + b, acc, **attrs)
+        product = self.emit("MatMul", [x, w], acc if not b else acc + "0")
+        return self.emit("Add", [product] + b, acc) if b else product
 
-    def _wide_accumulator(self, node, prep, xq, bias, attrs) -> str:
-        """The exact accumulator in float64, for sums beyond float32's 2^24 (below 2^53):
-        Gemm / MatMul on float64 copies (ONNX Runtime has them in double); Conv as ONNX
-        Runtime's exact u8u8 ``ConvInteger`` (int32 sums, uint8 activations only), cast."""
-        acc = f"{node.name}::acc64"
-        if node.op == "Conv":
-            if xq.dtype != "uint8" or not prep["fits_int32"]:
-                self.refuse(node, f"accumulators up to {prep['bound']} are beyond float32's exact 2^24 and its "
-                                  f"input is not uint8 within int32")
-            x = node.inputs[0]
-            codes = self.emit("Add", [x, self.const(f"{x}::zp_f", np.float32(int(xq.zero_point)))], f"{x}::codes_f")
-            codes = self.emit("Cast", [codes], f"{x}::u8", to=TensorProto.UINT8)
-            sums = self.emit("ConvInteger", [codes, self.const(f"{node.name}::w_u8", (prep["w"] + 128).astype(np.uint8)),
-                                             self.const(f"{x}::zp_u8", np.uint8(int(xq.zero_point))),
-                                             self.const("w_zp128", np.uint8(128))], f"{node.name}::acc32", **attrs)
-            return self.emit("Cast", [sums], acc, to=TensorProto.DOUBLE)
-        x64 = self.emit("Cast", [node.inputs[0]], f"{node.name}::x64", to=TensorProto.DOUBLE)
-        w = self.const(f"{node.name}::w64", prep["w"].astype(np.float64))
-        if node.op == "MatMul":
-            self.emit("MatMul", [x64, w], acc if bias is None else acc + "0")
-            if bias is not None:
-                self.emit("Add", [acc + "0", self.const(f"{node.name}::b64", bias.astype(np.float64))], acc)
-            return acc
-        ins = [x64, w] + ([self.const(f"{node.name}::b64", bias.astype(np.float64))] if bias is not None else [])
-        return self.emit("Gemm", ins, acc, **attrs)
+    def _conv_integer(self, node, prep, xq, attrs) -> str:
+        if xq.dtype != "uint8" or not prep["fits_int32"]:
+            self.refuse(node, f"accumulators up to {prep['bound']} are beyond float32's exact 2^24 and its "
+                              f"input is not uint8 within int32")
+        x = node.inputs[0]
+        codes = self.emit("Add", [x, self.const(f"{x}::zp_f", np.float32(int(xq.zero_point)))], f"{x}::codes_f")
+        codes = self.emit("Cast", [codes], f"{x}::u8", to=TensorProto.UINT8)
+        sums = self.emit("ConvInteger", [codes, self.const(f"{node.name}::w_u8", (prep["w"] + 128).astype(np.uint8)),
+                                         self.const(f"{x}::zp_u8", np.uint8(int(xq.zero_point))),
+                                         self.const("w_zp128", np.uint8(128))], f"{node.name}::acc32", **attrs)
+        return self.emit("Cast", [sums], f"{node.name}::acc64", to=TensorProto.DOUBLE)
 
     def _formula(self, node, f: Formula, acc: str, lo_c, hi_c, shape, acc_double: bool = False) -> str:
         """Emit ``f`` on ``acc`` (float32, or float64 with ``acc_double``, which takes a
