@@ -38,7 +38,7 @@ from ..errors import NpuforgeError
 MAX_F = 24
 LIMIT = 61  # every intermediate stays below 2^61 (and so their sum below 2^63)
 MAX_ELEMENTS = 32768  # N^3 * 255^2 < 2^61: V = sum(c^2) fits int64 with room for E
-SHIFT_STEPS = 20  # D >= 2^(21 + 2j) for j = 1..20 decides h (D < 2^62)
+SHIFT_LIMITS = [1 << (21 + 2 * j) for j in range(1, 21)]  # h counts the limits D reaches (D < 2^62)
 
 
 def fits(n: int) -> bool:
@@ -48,8 +48,7 @@ def fits(n: int) -> bool:
 
 def shift_of(d: torch.Tensor) -> torch.Tensor:
     """h: how many times D must be divided by 4 to have at most 23 bits (int64 tensors)."""
-    limits = torch.tensor([1 << (21 + 2 * j) for j in range(1, SHIFT_STEPS + 1)], dtype=torch.int64)
-    return (d.unsqueeze(-1) >= limits).sum(dim=-1)
+    return (d.unsqueeze(-1) >= torch.tensor(SHIFT_LIMITS, dtype=torch.int64)).sum(dim=-1)
 
 
 def _geometry(graph, node) -> tuple[tuple, int, tuple]:

@@ -27,10 +27,9 @@ def _int64(builder, name: str, value) -> str:
 def _store(builder, node, q64: str) -> None:
     """int64 codes without the zero point -> the node's float32 output, clamped to its type."""
     yq = builder.activation(node, node.outputs[0])
-    y, zp = node.outputs[0], int(yq.zero_point)
+    zp = int(yq.zero_point)
     q = builder.emit("Cast", [q64], f"{node.name}::q", to=TensorProto.FLOAT)
-    builder.emit("Clip", [q, builder.const(f"{y}::lo", np.float32(yq.qmin - zp)),
-                          builder.const(f"{y}::hi", np.float32(yq.qmax - zp))], y)
+    builder._clamp(node, q, np.array([yq.qmin - zp]), np.array([yq.qmax - zp]), [-1])
 
 
 def softmax(builder, node) -> str:
@@ -65,8 +64,8 @@ def layernorm(builder, node) -> str:
     v = builder.emit("ReduceSum", [builder.emit("Mul", [c, c], f"{pre}::c2"), axes], f"{pre}::v", keepdims=1)
     d = builder.emit("Add", [v, _int64(builder, f"{pre}::eps", int(plain._int(node, "epsilon")))], f"{pre}::d")
     # h = #{j: d >= 2^(21 + 2j)}; d // 4^h and floor(c r / 2^h) by tables of powers
-    steps = layernorm_rule.SHIFT_STEPS
-    limits = _int64(builder, f"{pre}::limits", [1 << (21 + 2 * j) for j in range(1, steps + 1)])
+    steps = len(layernorm_rule.SHIFT_LIMITS)
+    limits = _int64(builder, f"{pre}::limits", layernorm_rule.SHIFT_LIMITS)
     last = _int64(builder, f"{pre}::last_axis", [-1])
     above = builder.emit("GreaterOrEqual", [builder.emit("Unsqueeze", [d, last], f"{pre}::d1"), limits],
                          f"{pre}::above")
