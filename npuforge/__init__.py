@@ -28,6 +28,11 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
+def refuse_input_shapes_for_ir(path, input_shapes: dict | None) -> None:
+    if input_shapes:
+        raise NpuforgeError(f"{path}: a saved IR has static input shapes already; --input-shape is for ONNX files")
+
+
 def load(path, input_shapes: dict | None = None) -> Graph:
     """Load an ONNX file or a saved npuforge IR (text graph + weights) as a checked Graph.
 
@@ -42,9 +47,7 @@ def load(path, input_shapes: dict | None = None) -> Graph:
     with open(path, "rb") as f:
         head = f.read(len(MAGIC))
     if head == MAGIC.encode():
-        if input_shapes:
-            raise NpuforgeError(f"{path}: a saved IR has static input shapes already; --input-shape is for "
-                                "ONNX files")
+        refuse_input_shapes_for_ir(path, input_shapes)
         graph = textio.load(path)
         graph.check()
         return graph

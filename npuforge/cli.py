@@ -23,10 +23,7 @@ def parse_input_shapes(specs: list[str] | None) -> dict:
     shapes = {}
     for spec in specs or []:
         name, _, dims = spec.rpartition("=")
-        try:
-            shape = tuple(int(d) if d.strip().lstrip("-").isdigit() else d.strip() for d in dims.split(","))
-        except ValueError:
-            shape = ()
+        shape = tuple(int(d) if d.strip().lstrip("-").isdigit() else d.strip() for d in dims.split(","))
         if not dims or any(d == "" or (isinstance(d, int) and d <= 0) for d in shape):
             raise NpuforgeError(f"--input-shape {spec}: write NAME=D1,D2,... with positive sizes "
                                 f"(e.g. images=1,3,640,640)")
@@ -56,6 +53,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_check(args) -> int:
+    from . import refuse_input_shapes_for_ir
     from .ir import textio
     from .ir.textio import MAGIC
     from .frontend.onnx_importer import import_onnx
@@ -67,8 +65,8 @@ def cmd_check(args) -> int:
         is_ir = f.read(len(MAGIC)) == MAGIC.encode()
     try:
         shapes = parse_input_shapes(args.input_shape)
-        if is_ir and shapes:
-            raise NpuforgeError(f"{path}: a saved IR has static input shapes already; --input-shape is for ONNX files")
+        if is_ir:
+            refuse_input_shapes_for_ir(path, shapes)
         graph = textio.load(path) if is_ir else import_onnx(path, input_shapes=shapes)
         graph.check()
     except CheckError as e:

@@ -211,14 +211,13 @@ def _bias_fitting_weights(graph, node, w, wp: QParams, axis, qmax: int, in_scale
     wider = weight_params(w, axis, qmax, np.maximum(scale, need * (1 + 2.0**-20)) * qmax)
     grown = int(np.count_nonzero(need > scale))
     factor = float(np.max(wider.scale.astype(np.float64) / scale))
-    (log or (lambda m: warnings.warn(m, stacklevel=4)))(
-        f"node '{node.name}' ({node.op}): the bias of {grown} output channel(s) does not fit int32 at the input's "
+    log(f"node '{node.name}' ({node.op}): the bias of {grown} output channel(s) does not fit int32 at the input's "
         f"scale {float(in_scale):.3g} times the weight scale; their weight scales are widened up to {factor:.3g}x "
         f"so it does (the input's calibrated range is tiny: check the calibration data)")
     return wider
 
 
-def _quantize_compute(graph, node, config: QuantConfig, log=None) -> None:
+def _quantize_compute(graph, node, config: QuantConfig, log) -> None:
     op = get_op(node.op)
     x, w = graph.values[node.inputs[0]], graph.values[node.inputs[1]]
     y = graph.values[node.outputs[0]]
@@ -256,7 +255,7 @@ def _lut(graph, node) -> None:
     _add_int(graph, node, "lut", yp.quantize(y))
 
 
-def _quantize_node(graph, node, kind: str, config: QuantConfig, log=None) -> None:
+def _quantize_node(graph, node, kind: str, config: QuantConfig, log) -> None:
     ins = [graph.values[i].quant if i else None for i in node.inputs]
     out = graph.values[node.outputs[0]].quant
     if kind == "compute":
@@ -288,10 +287,10 @@ def apply_parameters(graph, plan: Plan, observers: dict, config: QuantConfig, lo
     group) and the integers of every quantized node, in place. Returns the Concat nodes
     whose inputs' ranges were too far apart for one 8-bit grid (quantized in int16),
     each also reported through ``log``."""
+    log = log or (lambda msg: warnings.warn(msg, stacklevel=3))
     wide = mismatched_concats(graph, plan, observers, config.concat_range_ratio)
     for m in wide:
-        (log or (lambda msg: warnings.warn(msg, stacklevel=3)))(
-            m.message("quantized in int16 (concat_range_ratio=0 keeps 8 bits)"))
+        log(m.message("quantized in int16 (concat_range_ratio=0 keeps 8 bits)"))
     int16 = set(config.int16) | {m.node for m in wide}
     for name, p in _group_params(graph, plan, observers, config, int16).items():
         graph.values[name].quant = p
