@@ -197,10 +197,10 @@ def _requant(graph, node, role: str, m, config: QuantConfig) -> None:
 BIAS_LIMIT = 2.0**30  # the largest |int32 bias code|: half of int32, the rest for the accumulation
 
 
-def _bias_fitting_weights(graph, node, w, wp: QParams, axis, qmax: int, in_scale, log) -> QParams:
+def _bias_fitting_weights(graph, node, w, wp: QParams, axis, qmax: int, in_scale, widened: list) -> QParams:
     """``wp``, with each weight scale widened where the bias would not fit int32 at
-    scale ``in_scale * weight scale`` (a tiny input range: the bias code would saturate
-    and the output lose its bias, silently); such widening is reported through ``log``."""
+    scale ``in_scale * weight scale`` (the bias code would saturate and the output lose
+    its bias, silently); ``(node, channels, largest factor)`` goes to ``widened``."""
     bias = np.abs(np.asarray(graph.values[node.inputs[2]].data, np.float64)).reshape(-1)
     need = bias / (in_scale * BIAS_LIMIT)  # the smallest weight scale that holds each bias
     if axis is None:
@@ -209,15 +209,22 @@ def _bias_fitting_weights(graph, node, w, wp: QParams, axis, qmax: int, in_scale
     if not np.any(need > scale):
         return wp
     wider = weight_params(w, axis, qmax, np.maximum(scale, need * (1 + 2.0**-20)) * qmax)
-    grown = int(np.count_nonzero(need > scale))
-    factor = float(np.max(wider.scale.astype(np.float64) / scale))
-    log(f"node '{node.name}' ({node.op}): the bias of {grown} output channel(s) does not fit int32 at the input's "
-        f"scale {float(in_scale):.3g} times the weight scale; their weight scales are widened up to {factor:.3g}x "
-        f"so it does (the input's calibrated range is tiny: check the calibration data)")
+    widened.append((node.name, int(np.count_nonzero(need > scale)),
+                    float(np.max(wider.scale.astype(np.float64) / scale))))
     return wider
 
 
-def _quantize_compute(graph, node, config: QuantConfig, log) -> None:
+def _report_widened(widened: list, log) -> None:
+    if not widened:
+        return
+    names = ", ".join(f"'{n}'" for n, _, _ in widened[:3]) + (", ..." if len(widened) > 3 else "")
+    log(f"{sum(c for _, c, _ in widened)} output channel(s) in {len(widened)} node(s) ({names}) have a bias that "
+        f"does not fit int32 at the input's scale times the weight scale (near-zero weights, as a dead channel's, "
+        f"or a tiny input range); their weight scales are widened, up to {max(f for _, _, f in widened):.3g}x, "
+        f"so it does")
+
+
+def _quantize_compute(graph, node, config: QuantConfig, widened: list) -> None:
     op = get_op(node.op)
     x, w = graph.values[node.inputs[0]], graph.values[node.inputs[1]]
     y = graph.values[node.outputs[0]]
@@ -229,7 +236,7 @@ def _quantize_compute(graph, node, config: QuantConfig, log) -> None:
     wp = weight_params(w.data, axis, qmax, _weight_clip(w.data, axis, method, qmax))
     in_scale, out_scale = np.float64(x.quant.scale), np.float64(y.quant.scale)
     if len(node.inputs) > 2 and node.inputs[2]:
-        wp = _bias_fitting_weights(graph, node, w.data, wp, axis, qmax, in_scale, log)
+        wp = _bias_fitting_weights(graph, node, w.data, wp, axis, qmax, in_scale, widened)
     w.quant = wp
     _add_int(graph, node, "weight", wp.quantize(w.data))
     bias_scale = (in_scale * wp.scale.astype(np.float64)).astype(np.float32)
@@ -255,11 +262,11 @@ def _lut(graph, node) -> None:
     _add_int(graph, node, "lut", yp.quantize(y))
 
 
-def _quantize_node(graph, node, kind: str, config: QuantConfig, log) -> None:
+def _quantize_node(graph, node, kind: str, config: QuantConfig, widened: list) -> None:
     ins = [graph.values[i].quant if i else None for i in node.inputs]
     out = graph.values[node.outputs[0]].quant
     if kind == "compute":
-        _quantize_compute(graph, node, config, log)
+        _quantize_compute(graph, node, config, widened)
     elif kind == "matmul":
         _requant(graph, node, "", np.float64(ins[0].scale) * np.float64(ins[1].scale) / np.float64(out.scale),
                  config)
@@ -294,10 +301,12 @@ def apply_parameters(graph, plan: Plan, observers: dict, config: QuantConfig, lo
     int16 = set(config.int16) | {m.node for m in wide}
     for name, p in _group_params(graph, plan, observers, config, int16).items():
         graph.values[name].quant = p
+    widened = []
     for node in graph.nodes:
         kind = plan.kinds.get(node.name)
         if kind:
-            _quantize_node(graph, node, kind, config, log)
+            _quantize_node(graph, node, kind, config, widened)
+    _report_widened(widened, log)
     return wide
 
 
