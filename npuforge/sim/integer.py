@@ -41,11 +41,16 @@ Per kind, in ``fixedpoint`` mode (R(v; M, s) is the requantization above;
   ``t_i = R(x_i' * 2^L; M_i, s_i)``, ``y = zp_y + RoundingDivideByPOT(t_0 +- t_1, L)``,
   with L = min(20, the most that keeps every shifted operand below 2^30) -- a
   pure function of the stored shifts and the operands' zero points and dtypes.
+  Quantized with TFLite's multipliers, TFLite's ADD: ``t_i = R(x_i' * 2^20; M_i, s_i)``
+  with M_i ~ s_i / (2 max(s_0, s_1)), ``y = zp_y + R(t_0 +- t_1; M_out, s_out)``
+  (stored: left_shift, multiplier{0,1,out}, shift{0,1,out}).
 * Mul: ``y = zp_y + R(a' * b'; M, s)``.
 * AveragePool / GlobalAveragePool / ReduceMean: window sums of x' (int32),
   ``t = R(sum * 2^L; M, s)`` (M, s encode s_x / s_y), then
   ``y = zp_y + round_half_away(t / (count * 2^L))`` -- one rounded division by
-  the window's element count (ONNX's count_include_pad rule), L as above.
+  the window's element count (ONNX's count_include_pad rule), L as above, or
+  the stored ``extra_bits`` and ``divisor`` (TFLite's MEAN: 0 bits, the count folded
+  into the multiplier, divisor 1).
 * lut: ``y = lut[x - qmin]``.
 * passthrough / concat: the op moves codes; parameters are shared.
 
@@ -432,6 +437,8 @@ class IntegerSimulator:
             return [self._store(y + zy, yq)]
         if node.op not in ("Add", "Sub"):
             raise UnsupportedError(f"node '{node.name}': no integer rule for elementwise {node.op}")
+        if "multiplierout" in node.quant:
+            return [self._store(self._add_tflite(node, xs) + zy, yq)]
         shifts = [int(self._int(node, f"shift{k}")[0]) for k in range(2)]
         bits = min(_extra_bits(max_abs_code(qs[k]), shifts[k]) for k in range(2))
         ts = [self._R(xs[k] << bits, int(self._int(node, f"multiplier{k}")[0]), shifts[k])
@@ -439,6 +446,16 @@ class IntegerSimulator:
         total = ts[0] + ts[1] if node.op == "Add" else ts[0] - ts[1]
         y = rounding_divide_by_pot(total, bits)
         return [self._store(y + zy, yq)]
+
+    def _add_tflite(self, node, xs) -> torch.Tensor:
+        """TFLite's int8 ADD / SUB: each operand shifted left by ``left_shift`` bits and
+        rescaled by its own multiplier (to at most half the sum's scale), the sum (or
+        difference) requantized by the output multiplier."""
+        bits = int(self._int(node, "left_shift"))
+        ts = [self._R(xs[k] << bits, int(self._int(node, f"multiplier{k}")[0]), int(self._int(node, f"shift{k}")[0]))
+              for k in range(2)]
+        total = ts[0] + ts[1] if node.op == "Add" else ts[0] - ts[1]
+        return self._R(total, int(self._int(node, "multiplierout")[0]), int(self._int(node, "shiftout")[0]))
 
     def _elementwise_onnx(self, node, xs, qs, yq) -> torch.Tensor:
         """ONNX Runtime's QLinearAdd / QLinearMul arithmetic (com.microsoft), in float32."""
@@ -485,7 +502,10 @@ class IntegerSimulator:
         ``x - zp_x`` and their element counts."""
         xq, yq = self._q(node.inputs[0]), self._q(node.outputs[0])
         zy = int(yq.zero_point)
-        divisor = torch.ones_like(count) if node.op == "ReduceSum" else count  # a sum is a mean times its count
+        if "divisor" in node.quant:  # 1: the count is folded into the multiplier (TFLite's MEAN)
+            divisor = torch.full_like(count, int(self._int(node, "divisor")))
+        else:
+            divisor = torch.ones_like(count) if node.op == "ReduceSum" else count  # a sum is a mean times its count
         if self.rounding == "onnx":
             if node.op in ("GlobalAveragePool", "ReduceMean", "ReduceSum"):
                 # MLAS QLinearGlobalAveragePool: float32(sum) * (s_x / (s_y * count)), half to even
@@ -498,7 +518,8 @@ class IntegerSimulator:
                 y = torch.round(avg / torch.tensor(_f32(yq.scale))).to(torch.int64)
             return y + zy
         m, s = int(self._int(node, "multiplier")[0]), int(self._int(node, "shift")[0])
-        bits = _extra_bits(int(count.max()) * max_abs_code(xq), s)
+        bits = int(self._int(node, "extra_bits")) if "extra_bits" in node.quant else \
+            _extra_bits(int(count.max()) * max_abs_code(xq), s)
         t = self._R(total << bits, m, s)
         return rounding_divide(t, divisor << bits) + zy
 

@@ -1,0 +1,389 @@
+"""Export a quantized IR as a full-integer int8 TFLite model (TFLite's quantization spec).
+
+What is written:
+
+* activations int8 (a uint8 value with zero point z becomes int8 with z - 128: the
+  same real numbers, every code shifted by 128, so every op computes the same);
+* Conv / depthwise Conv weights int8 symmetric per output channel (zero point 0),
+  int32 biases at scale ``s_x * s_w``; 4-D tensors in NHWC (TFLite's layout), explicit
+  pads as SAME / VALID or a PAD op;
+* graph inputs and outputs int8 (``io="int8"``, what an NPU compiler such as Vela
+  takes) or float32 behind QUANTIZE / DEQUANTIZE (``io="float"``).
+
+LiteRT derives every requantization multiplier from the float scales in the file, so
+an export that is to compute what the IR's integer simulator computes needs the IR's
+stored integers to be TFLite's: each node is checked (multipliers, TFLite's ADD and
+MEAN arithmetic, fused-activation bounds) and a graph quantized otherwise is refused
+with the reason (quantize with ``--tflite-multipliers``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import NpuforgeError, UnsupportedError
+from ..quant.params import QParams
+from ..quant.requant import TFLITE_ADD_LEFT_SHIFT, quantize_multiplier, tflite_add_multipliers, tflite_mean_multiplier
+from .tflite_writer import TensorQuant, TFLiteWriter
+
+IO_TYPES = ("int8", "float")
+_NCHW_TO_NHWC = (0, 2, 3, 1)
+_NHWC_AXIS = {0: 0, 1: 3, 2: 1, 3: 2}  # an NCHW axis -> the same axis in NHWC
+
+
+def _codes():
+    from tflite.BuiltinOperator import BuiltinOperator as B
+    from tflite.BuiltinOptions import BuiltinOptions as O
+
+    return B, O
+
+
+def _refuse(node, why: str):
+    raise UnsupportedError(f"node '{node.name}' ({node.op}): {why}; it has no int8 TFLite form")
+
+
+def _tflite_round(x) -> np.ndarray:
+    """TfLiteRound: half away from zero."""
+    x = np.asarray(x, np.float64)
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+
+
+def _act_range(kind: str, p: QParams) -> tuple[int, int]:
+    """TFLite's CalculateActivationRangeQuantized for a fused activation."""
+    def q(f):
+        return int(p.zero_point) + int(_tflite_round(np.float32(f) / np.float32(p.scale)))
+    lo, hi = p.qmin, p.qmax
+    if kind in ("Relu", "Relu6"):
+        lo = max(lo, q(0.0))
+    if kind == "Relu6":
+        hi = min(hi, q(6.0))
+    if kind == "ReluN1To1":
+        lo, hi = max(lo, q(-1.0)), min(hi, q(1.0))
+    return lo, hi
+
+
+class _Exporter:
+    def __init__(self, graph, io: str):
+        if io not in IO_TYPES:
+            raise NpuforgeError(f"TFLite input/output type '{io}' is not one of {', '.join(IO_TYPES)}")
+        if not any(v.quant is not None for v in graph.values.values()):
+            raise NpuforgeError(f"graph '{graph.name}' is not quantized; quantize it first (npuforge quantize)")
+        self.g, self.io = graph, io
+        self.w = TFLiteWriter()
+        self.tensor: dict[str, int] = {}  # IR value -> TFLite tensor (4-D activations in NHWC)
+        self.B, self.O = _codes()
+
+    # -- values ------------------------------------------------------------------------
+    def qp(self, name: str, node=None) -> QParams:
+        """The value's parameters as TFLite stores them (uint8 -> int8, zero point - 128)."""
+        p = self.g.values[name].quant
+        if p is None:
+            raise UnsupportedError(f"value '{name}' is float; a full-integer TFLite model has no float "
+                                   f"activations (quantize every node, or leave out --keep-float)")
+        if p.dtype == "uint8":
+            return QParams("int8", p.scale, p.zero_point.astype(np.int64) - 128, p.axis)
+        if p.dtype != "int8":
+            raise UnsupportedError(f"value '{name}' is {p.dtype}; the int8 TFLite export takes int8 and uint8 "
+                                   f"values only (leave out --int16, or set concat_range_ratio=0)")
+        return p
+
+    def dims(self, name: str) -> tuple:
+        """The value's static shape; a symbolic dimension (the batch) is written as 1."""
+        return tuple(d if isinstance(d, int) else 1 for d in self.g.values[name].shape)
+
+    def shape(self, name: str) -> tuple:
+        shape = self.dims(name)
+        return tuple(shape[i] for i in _NCHW_TO_NHWC) if len(shape) == 4 else shape
+
+    def quant(self, p: QParams, axis: int = 0) -> TensorQuant:
+        return TensorQuant(np.atleast_1d(p.scale), np.atleast_1d(p.zero_point), axis)
+
+    def activation(self, name: str) -> int:
+        """The TFLite tensor of an activation, created on first use."""
+        if name not in self.tensor:
+            p = self.qp(name)
+            self.tensor[name] = self.w.tensor(name, self.shape(name), "int8", quant=self.quant(p))
+        return self.tensor[name]
+
+    def new_tensor(self, name: str, shape, p: QParams) -> int:
+        return self.w.tensor(name, shape, "int8", quant=self.quant(p))
+
+    def const(self, name: str, data: np.ndarray, dtype: str, p: TensorQuant | None = None) -> int:
+        return self.w.tensor(name, data.shape, dtype, data=data.astype(dtype), quant=p)
+
+    def int32s(self, name: str, values) -> int:
+        return self.const(name, np.asarray(values, np.int32), "int32")
+
+    def stored(self, node, role: str) -> np.ndarray:
+        return np.asarray(self.g.values[node.quant[role]].data)
+
+    def op(self, name: str, inputs, outputs, options: str | None = None, version: int = 1, **fields):
+        self.w.operator(getattr(self.B, name), inputs, outputs, options,
+                        getattr(self.O, options) if options else 0, version, **fields)
+
+    def nchw_order(self, name: str) -> int:
+        """The value's tensor with its elements in the IR's (NCHW) order: a TRANSPOSE for a
+        4-D tensor whose NHWC order differs (C > 1 and H * W > 1)."""
+        t = self.activation(name)
+        shape = self.dims(name)
+        if len(shape) != 4 or shape[1] == 1 or shape[2] * shape[3] == 1:
+            return t
+        out = self.new_tensor(f"{name}::nchw", tuple(shape), self.qp(name))
+        self.op("TRANSPOSE", [t, self.int32s(f"{name}::perm", (0, 3, 1, 2))], [out], "TransposeOptions")
+        return out
+
+    # -- checks ------------------------------------------------------------------------
+    def check_multiplier(self, node, role: str, real, mean_count: int | None = None) -> None:
+        real = np.atleast_1d(np.asarray(real, np.float64))
+        want_m, want_s = quantize_multiplier(real) if mean_count is None else tflite_mean_multiplier(real, mean_count)
+        m, s = self.stored(node, f"multiplier{role}"), self.stored(node, f"shift{role}")
+        if not (np.array_equal(m.reshape(-1), want_m) and np.array_equal(s.reshape(-1), want_s)):
+            _refuse(node, "its requantization multipliers are not the ones LiteRT derives from the scales "
+                          "(quantize with --tflite-multipliers, tflite_multipliers=True)")
+
+    def fused(self, node, yq: QParams) -> int:
+        """The TFLite fused activation whose saturation bounds equal the node's."""
+        from .tflite_writer import fused_activation
+
+        if "act_min" in node.quant:
+            shift = 128 if self.g.values[node.outputs[0]].quant.dtype == "uint8" else 0
+            want = (int(self.stored(node, "act_min")) - shift, int(self.stored(node, "act_max")) - shift)
+        elif node.attrs.get("activation", ""):
+            _refuse(node, f"fused {node.attrs['activation']} without stored bounds")
+        else:
+            want = (yq.qmin, yq.qmax)
+        for kind in ("", "Relu", "Relu6", "ReluN1To1"):
+            if _act_range(kind, yq) == want:
+                return fused_activation(kind)
+        _refuse(node, f"its saturation bounds {want} are none of TFLite's fused activations")
+
+    # -- ops ---------------------------------------------------------------------------
+    def padding(self, node, x: str, kernel, strides, dilations, pads, pad_value: int | None):
+        """(TFLite padding, input tensor): SAME or VALID when the explicit pads are exactly
+        that, else a PAD op and VALID. ``pad_value``: 0 fills with the zero point (PAD), a
+        code fills with that code (PADV2), None refuses."""
+        from tflite.Padding import Padding
+
+        size = self.dims(x)[2:]
+        same = []
+        for n, k, s, d in zip(size, kernel, strides, dilations):
+            out = -(-n // s)
+            same.append(max((out - 1) * s + (k - 1) * d + 1 - n, 0))
+        same_pads = [t // 2 for t in same] + [t - t // 2 for t in same]
+        t = self.activation(x)
+        if list(pads) == same_pads:
+            return Padding.SAME, t
+        if not any(pads):
+            return Padding.VALID, t
+        if pad_value is None:
+            _refuse(node, f"pads {list(pads)} are neither TFLite's SAME nor VALID")
+        p = self.qp(x)
+        fill = int(p.zero_point) if pad_value == 0 else pad_value
+        shape = list(self.shape(x))
+        shape[1] += pads[0] + pads[2]
+        shape[2] += pads[1] + pads[3]
+        padded = self.new_tensor(f"{node.name}::padded", shape, p)
+        table = np.array([[0, 0], [pads[0], pads[2]], [pads[1], pads[3]], [0, 0]], np.int32)
+        ins = [t, self.const(f"{node.name}::pads", table, "int32")]
+        if fill == int(p.zero_point):
+            self.op("PAD", ins, [padded], "PadOptions", version=2)
+        else:  # PADV2: an explicit fill code (a max pool's padding is the lowest code)
+            fill_t = self.const(f"{node.name}::fill", np.array([fill]), "int8", self.quant(p))
+            self.op("PADV2", ins + [fill_t], [padded], "PadV2Options", version=2)
+        return Padding.VALID, padded
+
+    def conv(self, node):
+        g, a = self.g, node.attrs
+        x, wname = node.inputs[0], node.inputs[1]
+        if len(g.values[x].shape) != 4:
+            _refuse(node, "only 2-D convolutions have a TFLite builtin")
+        xq, yq = self.qp(x), self.qp(node.outputs[0])
+        wq = g.values[wname].quant
+        w = self.stored(node, "weight").astype(np.int8)
+        if wq.dtype != "int8" or np.any(wq.zero_point != 0):
+            _refuse(node, "TFLite's int8 convolution takes symmetric int8 weights (zero point 0)")
+        cout, cin_g = w.shape[:2]
+        cin = g.values[x].shape[1]
+        group = a["group"]
+        depthwise = group > 1 and group == cin and cin_g == 1
+        if group > 1 and not depthwise:
+            _refuse(node, f"grouped convolution (group {group}) has no TFLite builtin")
+        real = np.float64(xq.scale) * wq.scale.astype(np.float64) / np.float64(yq.scale)
+        self.check_multiplier(node, "", real)
+        act = self.fused(node, yq)
+        padding, xt = self.padding(node, x, a["kernel_shape"], a["strides"], a["dilations"], a["pads"], 0)
+        axis = 3 if depthwise else 0
+        wdata = w.transpose(1, 2, 3, 0) if depthwise else w.transpose(0, 2, 3, 1)
+        wt = self.const(wname, wdata, "int8", TensorQuant(np.broadcast_to(wq.scale, (cout,)),
+                                                          np.zeros(cout, np.int64), axis))
+        bias = self.stored(node, "bias") if "bias" in node.quant else np.zeros(cout, np.int32)
+        bscale = (np.float64(xq.scale) * np.broadcast_to(wq.scale, (cout,)).astype(np.float64)).astype(np.float32)
+        bt = self.const(f"{wname}::bias", bias.astype(np.int32).reshape(cout), "int32",
+                        TensorQuant(bscale, np.zeros(cout, np.int64), 0))
+        common = dict(Padding=padding, StrideH=a["strides"][0], StrideW=a["strides"][1],
+                      DilationHFactor=a["dilations"][0], DilationWFactor=a["dilations"][1],
+                      FusedActivationFunction=act)
+        ins, outs = [xt, wt, bt], [self.activation(node.outputs[0])]
+        if depthwise:
+            self.op("DEPTHWISE_CONV_2D", ins, outs, "DepthwiseConv2DOptions", version=3,
+                    DepthMultiplier=cout // cin, **common)
+        else:
+            self.op("CONV_2D", ins, outs, "Conv2DOptions", version=3, **common)
+
+    def gemm(self, node):
+        g, a = self.g, node.attrs
+        if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+            _refuse(node, "FULLY_CONNECTED has no transA, alpha or beta")
+        x, wname = node.inputs[0], node.inputs[1]
+        xq, yq, wq = self.qp(x), self.qp(node.outputs[0]), g.values[wname].quant
+        if wq.dtype != "int8" or np.any(wq.zero_point != 0):
+            _refuse(node, "TFLite's int8 FULLY_CONNECTED takes symmetric int8 weights (zero point 0)")
+        w = self.stored(node, "weight").astype(np.int8)
+        w = w if a["transB"] else w.T  # TFLite: [units, depth]
+        units = w.shape[0]
+        real = np.float64(xq.scale) * wq.scale.astype(np.float64) / np.float64(yq.scale)
+        self.check_multiplier(node, "", real)
+        act = self.fused(node, yq)
+        wt = self.const(wname, w, "int8", TensorQuant(np.atleast_1d(wq.scale), np.zeros(wq.scale.size, np.int64), 0))
+        bias = self.stored(node, "bias") if "bias" in node.quant else np.zeros(units, np.int32)
+        bscale = (np.float64(xq.scale) * np.atleast_1d(wq.scale).astype(np.float64)).astype(np.float32)
+        bt = self.const(f"{wname}::bias", bias.astype(np.int32).reshape(units), "int32",
+                        TensorQuant(bscale, np.zeros(bscale.size, np.int64), 0))
+        self.op("FULLY_CONNECTED", [self.nchw_order(x), wt, bt], [self.activation(node.outputs[0])],
+                "FullyConnectedOptions", version=5 if wq.per_channel else 4, FusedActivationFunction=act)
+
+    def operand(self, node, k: int) -> int:
+        """Operand k of an elementwise op: an activation, or a constant stored as codes
+        (broadcast shape moved to NHWC beside a 4-D output)."""
+        name = node.inputs[k]
+        if f"input{k}" not in node.quant:
+            if len(self.g.values[name].shape) != len(self.g.values[node.outputs[0]].shape):
+                _refuse(node, "operands of different rank")
+            return self.activation(name)
+        p = self.qp(name)
+        codes = self.stored(node, f"input{k}").astype(np.int64)
+        if self.g.values[name].quant.dtype == "uint8":
+            codes = codes - 128
+        if len(self.g.values[node.outputs[0]].shape) == 4:
+            codes = codes.reshape((1,) * (4 - codes.ndim) + codes.shape).transpose(_NCHW_TO_NHWC)
+        return self.const(f"{node.name}::input{k}", codes, "int8", self.quant(p))
+
+    def add(self, node):
+        qs = [self.qp(i) for i in node.inputs[:2]]
+        yq = self.qp(node.outputs[0])
+        if "multiplierout" not in node.quant or int(self.stored(node, "left_shift")) != TFLITE_ADD_LEFT_SHIFT:
+            _refuse(node, "it was quantized with npuforge's own Add arithmetic, not TFLite's (quantize with "
+                          "--tflite-multipliers, tflite_multipliers=True)")
+        for role, real in tflite_add_multipliers(qs[0].scale, qs[1].scale, yq.scale).items():
+            self.check_multiplier(node, role, real)
+        self.op("ADD" if node.op == "Add" else "SUB", [self.operand(node, 0), self.operand(node, 1)],
+                [self.activation(node.outputs[0])], "AddOptions" if node.op == "Add" else "SubOptions",
+                version=2, FusedActivationFunction=0)
+
+    def mul(self, node):
+        qs = [self.qp(i) for i in node.inputs[:2]]
+        yq = self.qp(node.outputs[0])
+        self.check_multiplier(node, "", np.float64(qs[0].scale) * np.float64(qs[1].scale) / np.float64(yq.scale))
+        self.op("MUL", [self.operand(node, 0), self.operand(node, 1)], [self.activation(node.outputs[0])],
+                "MulOptions", version=2, FusedActivationFunction=0)
+
+    def mean(self, node):
+        x, y = node.inputs[0], node.outputs[0]
+        shape = self.g.values[x].shape
+        if node.op == "ReduceMean":
+            axes = sorted(int(v) % len(shape) for v in np.asarray(self.g.values[node.inputs[1]].data).reshape(-1))
+            if len(shape) != 4 or axes != [2, 3] or not node.attrs.get("keepdims", 1):
+                _refuse(node, "TFLite's integer MEAN reduces H and W of a 4-D tensor, keeping them")
+        xq, yq = self.qp(x), self.qp(y)
+        if "divisor" not in node.quant or int(self.stored(node, "divisor")) != 1 or \
+                int(self.stored(node, "extra_bits")) != 0:
+            _refuse(node, "it was quantized with npuforge's own averaging, not TFLite's MEAN (quantize with "
+                          "--tflite-multipliers)")
+        count = int(np.prod(self.dims(x)[2:]))
+        self.check_multiplier(node, "", np.float64(xq.scale) / np.float64(yq.scale), count)
+        self.op("MEAN", [self.activation(x), self.int32s(f"{node.name}::axes", (1, 2))], [self.activation(y)],
+                "ReducerOptions", version=2, KeepDims=True)
+
+    def pool(self, node):
+        a = node.attrs
+        x, y = node.inputs[0], node.outputs[0]
+        xq, yq = self.qp(x), self.qp(y)
+        if len(self.g.values[x].shape) != 4 or a.get("ceil_mode", 0) or any(d != 1 for d in a.get("dilations") or [1]):
+            _refuse(node, "TFLite pools 4-D tensors without ceil_mode or dilations")
+        if node.op == "AveragePool" and (a.get("count_include_pad", 0) or not xq.same_as(yq)):
+            _refuse(node, "TFLite's int8 AVERAGE_POOL_2D excludes padding and keeps its input's parameters")
+        k, s = a["kernel_shape"], a["strides"] or [1, 1]
+        fill = xq.qmin if node.op == "MaxPool" else None  # a padded average would count the pads
+        padding, xt = self.padding(node, x, k, s, [1, 1], a["pads"] or [0] * 4, fill)
+        self.op("AVERAGE_POOL_2D" if node.op == "AveragePool" else "MAX_POOL_2D", [xt], [self.activation(y)],
+                "Pool2DOptions", version=2, Padding=padding, StrideH=s[0], StrideW=s[1], FilterHeight=k[0],
+                FilterWidth=k[1], FusedActivationFunction=0)
+
+    def reshape(self, node):
+        x, y = node.inputs[0], node.outputs[0]
+        out = self.dims(y)
+        src = self.nchw_order(x)
+        if len(out) == 4 and out[1] > 1 and out[2] * out[3] > 1:  # NCHW result, then to NHWC
+            mid = self.new_tensor(f"{y}::nchw", out, self.qp(y))
+            self.op("RESHAPE", [src, self.int32s(f"{y}::shape", out)], [mid], "ReshapeOptions", NewShape=list(out))
+            self.op("TRANSPOSE", [mid, self.int32s(f"{y}::perm", _NCHW_TO_NHWC)], [self.activation(y)],
+                    "TransposeOptions")
+            return
+        new = self.shape(y)
+        self.op("RESHAPE", [src, self.int32s(f"{y}::shape", new)], [self.activation(y)], "ReshapeOptions",
+                NewShape=list(new))
+
+    def concat(self, node):
+        rank = len(self.g.values[node.outputs[0]].shape)
+        axis = node.attrs["axis"] % rank
+        self.op("CONCATENATION", [self.activation(i) for i in node.inputs], [self.activation(node.outputs[0])],
+                "ConcatenationOptions", version=2, Axis=_NHWC_AXIS[axis] if rank == 4 else axis,
+                FusedActivationFunction=0)
+
+    def pad(self, node):
+        x, y = node.inputs[0], node.outputs[0]
+        if node.attrs.get("mode", "constant") != "constant":
+            _refuse(node, f"pad mode {node.attrs['mode']}")
+        pads = np.asarray(self.g.values[node.inputs[1]].data).reshape(-1).astype(np.int64)
+        if len(node.inputs) > 2 and node.inputs[2] and float(np.asarray(self.g.values[node.inputs[2]].data)) != 0.0:
+            _refuse(node, "TFLite's PAD fills with the zero point (pad value 0.0)")
+        rank = len(pads) // 2
+        table = np.stack([pads[:rank], pads[rank:]], axis=1)
+        if rank == 4:
+            table = table[list(_NCHW_TO_NHWC)]
+        self.op("PAD", [self.activation(x), self.const(f"{node.name}::pads", table, "int32")], [self.activation(y)],
+                "PadOptions", version=2)
+
+    HANDLERS = {"Conv": conv, "Gemm": gemm, "Add": add, "Sub": add, "Mul": mul, "GlobalAveragePool": mean,
+                "ReduceMean": mean, "AveragePool": pool, "MaxPool": pool, "Flatten": reshape, "Reshape": reshape,
+                "Squeeze": reshape, "Unsqueeze": reshape, "Concat": concat, "Pad": pad}
+
+    # -- graph -------------------------------------------------------------------------
+    def boundary(self, name: str, output: bool) -> int:
+        if self.io == "int8":
+            return self.activation(name)
+        t = self.w.tensor(f"{name}::float", self.shape(name), "float32")
+        if output:
+            self.op("DEQUANTIZE", [self.activation(name)], [t], version=2)
+        else:
+            self.op("QUANTIZE", [t], [self.activation(name)], version=2)
+        return t
+
+    def run(self) -> bytes:
+        g = self.g
+        inputs = [self.boundary(name, output=False) for name in g.inputs]
+        for node in g.nodes:
+            handler = self.HANDLERS.get(node.op)
+            if handler is None:
+                _refuse(node, "no TFLite mapping for this op yet (docs/tflite.md lists the ops written)")
+            if not node.quant and node.op not in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Concat", "Pad",
+                                                  "MaxPool"):
+                _refuse(node, "it was kept in float")
+            handler(self, node)
+        outputs = [self.boundary(name, output=True) for name in g.outputs]
+        return self.w.finish(inputs, outputs, description=f"npuforge int8 export of {g.name}")
+
+
+def to_tflite(graph, io: str = "int8") -> bytes:
+    """The quantized IR ``graph`` as the bytes of a full-integer int8 ``.tflite`` model."""
+    return _Exporter(graph, io).run()
