@@ -138,3 +138,12 @@ def test_concat_reshape_pad():
             return y.flatten(1)
 
     assert_bit_exact(Net(), [(1, 4, 6, 7)])
+
+
+@pytest.mark.parametrize("granularity", ["per-channel", "per-tensor"])
+def test_fully_connected_rounds_once(granularity):
+    """LiteRT's reference FULLY_CONNECTED requantizes with one rounding (CONV_2D with two):
+    a classifier-sized layer over enough inputs tells the two apart."""
+    config = QuantConfig(activation_dtype="int8", tflite_multipliers=True, granularity=granularity)
+    torch.manual_seed(0)
+    assert_bit_exact(nn.Linear(1280, 1000), [(1, 1280)], config=config, runs=20 if granularity == "per-tensor" else 6)

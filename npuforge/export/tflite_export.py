@@ -243,6 +243,9 @@ class _Exporter:
         units = w.shape[0]
         real = np.float64(xq.scale) * wq.scale.astype(np.float64) / np.float64(yq.scale)
         self.check_multiplier(node, "", real)
+        if "single_rounding" not in node.quant:
+            _refuse(node, "LiteRT's FULLY_CONNECTED rounds once; this node was quantized to round twice "
+                          "(quantize with --tflite-multipliers)")
         act = self.fused(node, yq)
         wt = self.const(wname, w, "int8", TensorQuant(np.atleast_1d(wq.scale), np.zeros(wq.scale.size, np.int64), 0))
         bias = self.stored(node, "bias") if "bias" in node.quant else np.zeros(units, np.int32)

@@ -245,6 +245,8 @@ def _quantize_compute(graph, node, config: QuantConfig, widened: list) -> None:
         b.quant = QParams("int32", bias_scale, np.zeros(bias_scale.shape, np.int32), 0 if axis is not None else None)
         _add_int(graph, node, "bias", b.quant.quantize(b.data))
     _requant(graph, node, "", in_scale * wp.scale.astype(np.float64) / out_scale, config)
+    if config.tflite_multipliers and node.op in ("Gemm", "MatMul"):  # TFLite's FULLY_CONNECTED rounds once
+        _add_int(graph, node, "single_rounding", np.asarray(1, np.int32))
     if node.attrs.get("activation") in ("Relu", "Clip") and not y.quant.per_channel:
         lo, hi = activation_code_bounds(node, y.quant)  # a fused Relu / Clip is saturation in the output's codes
         _add_int(graph, node, "act_min", np.asarray(lo, np.int32))

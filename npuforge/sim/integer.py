@@ -36,6 +36,8 @@ Per kind, in ``fixedpoint`` mode (R(v; M, s) is the requantization above;
   the float attribute and scale: the quantizer stores no integers for them).
   A fused LeakyRelu(alpha) requantizes negative accumulators with a second
   multiplier, ``quantize_multiplier(alpha * m)`` (also derived; see the docs).
+  Quantized with TFLite's multipliers, a Gemm / MatMul (TFLite's FULLY_CONNECTED) stores
+  ``single_rounding``: R rounds once, as LiteRT's reference FULLY_CONNECTED does.
 * matmul (two activations): ``acc = sum a' * b'``, requantized likewise.
 * Add / Sub: each operand rescaled to the output with L extra fractional bits,
   ``t_i = R(x_i' * 2^L; M_i, s_i)``, ``y = zp_y + RoundingDivideByPOT(t_0 +- t_1, L)``,
@@ -306,6 +308,8 @@ class IntegerSimulator:
         self.kernels[node.name] = str(ftype).replace("torch.", "") if ftype is not None else "int64"
         # requantization constants
         if self.rounding != "onnx":
+            # TFLite's FULLY_CONNECTED requantizes with one rounding (its 64-bit multiply)
+            prep["R"] = requantize_single if "single_rounding" in node.quant else self._R
             prep["M"] = self._int(node, "multiplier").astype(np.int64)
             prep["S"] = self._int(node, "shift").astype(np.int64)
             if node.attrs.get("activation") == "LeakyRelu":
@@ -370,9 +374,9 @@ class IntegerSimulator:
         if self.rounding != "onnx":
             M = _channel_shape(prep["M"], acc.dim(), axis)
             S = _channel_shape(prep["S"], acc.dim(), axis)
-            y = self._R(acc, M, S, saturate=not prep["fits_int32"])
+            y = prep["R"](acc, M, S, saturate=not prep["fits_int32"])
             if "Mneg" in prep:
-                yn = self._R(acc, _channel_shape(prep["Mneg"], acc.dim(), axis),
+                yn = prep["R"](acc, _channel_shape(prep["Mneg"], acc.dim(), axis),
                                            _channel_shape(prep["Sneg"], acc.dim(), axis))
                 y = torch.where(acc < 0, yn, y)
             return y

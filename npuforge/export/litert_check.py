@@ -1,0 +1,66 @@
+"""Run an exported int8 ``.tflite`` in LiteRT and compare its codes with the integer simulator's.
+
+LiteRT (``pip install ai-edge-litert``) is TFLite's runtime; ``reference=True`` selects
+its reference kernels (``OpResolverType.BUILTIN_REF``: the plain integer arithmetic the
+TFLite spec defines), ``False`` its default optimized kernels (XNNPACK / ruy), which
+are allowed to round differently.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import NpuforgeError
+
+
+def interpreter(model: bytes, reference: bool = True):
+    try:
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+    except ImportError:
+        raise NpuforgeError("LiteRT is not installed: pip install ai-edge-litert") from None
+    kind = OpResolverType.BUILTIN_REF if reference else OpResolverType.AUTO
+    it = Interpreter(model_content=model, experimental_op_resolver_type=kind)
+    it.allocate_tensors()
+    return it
+
+
+def run_litert(it, codes: list) -> list:
+    """Feed int8 codes in the IR's layout (NCHW where 4-D); the output codes in the IR's layout."""
+    for d, c in zip(it.get_input_details(), codes):
+        it.set_tensor(d["index"], np.ascontiguousarray(c.transpose(0, 2, 3, 1) if c.ndim == 4 else c))
+    it.invoke()
+    outs = [it.get_tensor(d["index"]) for d in it.get_output_details()]
+    return [o.transpose(0, 3, 1, 2) if o.ndim == 4 else o for o in outs]
+
+
+def tflite_codes(graph, name: str, codes: np.ndarray) -> np.ndarray:
+    """A value's simulator codes as the int8 TFLite export stores them (uint8 - 128)."""
+    shift = 128 if graph.values[name].quant.dtype == "uint8" else 0
+    return (codes.astype(np.int16) - shift).astype(np.int8)
+
+
+def compare(graph, model: bytes, batches, reference: bool = True, simulator=None) -> dict:
+    """Run ``batches`` (dicts input name -> float array, batch 1 each) through the integer
+    simulator and LiteRT; counts of output codes and of samples that differ."""
+    from ..sim.integer import IntegerSimulator, quantize_input
+
+    sim = simulator or IntegerSimulator(graph)
+    it = interpreter(model, reference)
+    samples = equal = codes = differ = 0
+    worst = 0
+    for feeds in batches:
+        q = {n: quantize_input(np.asarray(feeds[n], np.float32), graph.values[n].quant) for n in graph.inputs}
+        ours = sim.run(q, dequantize=False)
+        theirs = run_litert(it, [tflite_codes(graph, n, q[n]) for n in graph.inputs])
+        same = True
+        for name, t in zip(graph.outputs, theirs):
+            o = tflite_codes(graph, name, ours[name]).astype(np.int64)
+            d = np.abs(o - t.astype(np.int64))
+            codes += d.size
+            differ += int(np.count_nonzero(d))
+            worst = max(worst, int(d.max(initial=0)))
+            same &= not d.any()
+        samples += 1
+        equal += int(same)
+    return {"samples": samples, "bit_exact_samples": equal, "codes": codes, "codes_differing": differ,
+            "max_code_difference": worst, "kernels": "reference" if reference else "default"}
