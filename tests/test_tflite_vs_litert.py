@@ -147,3 +147,40 @@ def test_fully_connected_rounds_once(granularity):
     config = QuantConfig(activation_dtype="int8", tflite_multipliers=True, granularity=granularity)
     torch.manual_seed(0)
     assert_bit_exact(nn.Linear(1280, 1000), [(1, 1280)], config=config, runs=20 if granularity == "per-tensor" else 6)
+
+
+def test_uint8_activations_export_as_int8_shifted():
+    """A uint8 graph's codes minus 128 are the int8 export's codes: LiteRT agrees after the shift."""
+    from npuforge.export.litert_check import compare
+
+    config = QuantConfig(activation_dtype="uint8", tflite_multipliers=True)
+    module = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.ReLU6(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5))
+    q = quantized(module, [(1, 3, 16, 16)], config=config)
+    rng = np.random.default_rng(3)
+    report = compare(q, to_tflite(q), [{"input": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+                                       for _ in range(3)])
+    assert report["bit_exact_samples"] == 3 and report["codes_differing"] == 0
+
+
+def test_export_refuses_npuforge_arithmetic_naming_the_node():
+    q = quantized(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()), [(1, 3, 8, 8)], config=QuantConfig())
+    with pytest.raises(npuforge.NpuforgeError, match=r"node '.*Conv.*'.*--tflite-multipliers"):
+        to_tflite(q)
+
+
+def test_cli_export_writes_and_checks(tmp_path, capsys):
+    from npuforge.cli import main
+
+    q = quantized(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU6()), [(1, 3, 8, 8)])
+    npuforge.save(q, tmp_path / "q.nfir")
+    out = tmp_path / "q.tflite"
+    assert main(["export", str(tmp_path / "q.nfir"), "--format", "tflite", "-o", str(out), "--check-litert", "2"]) == 0
+    text = capsys.readouterr().out
+    assert out.stat().st_size > 0 and "CONV_2D 1" in text and "2/2 random inputs bit-exact" in text
+    plain = quantized(nn.Sequential(nn.Conv2d(3, 4, 3)), [(1, 3, 8, 8)], config=QuantConfig())
+    npuforge.save(plain, tmp_path / "plain.nfir")
+    before = out.read_bytes()
+    assert main(["export", str(tmp_path / "plain.nfir"), "--format", "tflite", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--tflite-multipliers" in err
+    assert out.read_bytes() == before  # the earlier export is left as it was
