@@ -40,7 +40,7 @@ def litert_run(model: bytes, codes: list, reference: bool = True) -> list:
 def quantized(module: nn.Module, shapes: list, seed: int = 0, scale: float = 1.0, config: QuantConfig = TFLITE):
     rng = np.random.default_rng(seed)
     example = tuple(torch.zeros(s) for s in shapes)
-    graph = npuforge.from_torch(module.eval(), example if len(example) > 1 else example[0])
+    graph = npuforge.from_torch(module.eval(), example if len(example) > 1 else example[0], dynamic_batch=False)
     calib = [{name: (rng.standard_normal(s) * scale).astype(np.float32) for name, s in zip(graph.inputs, shapes)}
              for _ in range(4)]
     return npuforge.quantize(graph, calib, config, log=lambda m: None)
@@ -184,3 +184,58 @@ def test_cli_export_writes_and_checks(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--tflite-multipliers" in err
     assert out.read_bytes() == before  # the earlier export is left as it was
+
+
+@pytest.mark.parametrize("act", [nn.ReLU(), nn.ReLU6(), nn.Hardtanh(-1.0, 1.0), nn.Sigmoid(), nn.Tanh(), nn.Hardswish()],
+                         ids=["relu", "relu6", "relu_n1_to_1", "logistic", "tanh", "hard_swish"])
+def test_activations(act):
+    """Standalone (after an Add, so not fused): TFLite's kernels over every input code."""
+    assert_bit_exact(Lambda(lambda a, b: act(a + b)), [(1, 4, 16, 16), (1, 4, 16, 16)], scale=3.0)
+
+
+@pytest.mark.parametrize("k,s,p", [(2, 2, 0), (3, 1, 0), (3, 2, 0)])
+def test_average_pool(k, s, p):
+    assert_bit_exact(nn.AvgPool2d(k, s, p), [(1, 8, 12, 12)])
+
+
+@pytest.mark.parametrize("factor", [2, 3])
+def test_resize_nearest(factor):
+    assert_bit_exact(nn.Sequential(nn.Conv2d(3, 4, 1), nn.Upsample(scale_factor=factor, mode="nearest")),
+                     [(1, 3, 5, 6)])
+
+
+def test_quantize_dequantize_float_io():
+    """--io float: LiteRT's QUANTIZE and DEQUANTIZE around the int8 graph give the simulator's
+    dequantized outputs (random inputs: no quantization ties)."""
+    q = quantized(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU6()), [(1, 3, 8, 8)])
+    model = to_tflite(q, io="float")
+    it = litert.Interpreter(model_content=model, experimental_op_resolver_type=litert.OpResolverType.BUILTIN_REF)
+    it.allocate_tensors()
+    x = np.random.default_rng(5).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    it.set_tensor(it.get_input_details()[0]["index"], x.transpose(0, 2, 3, 1).copy())
+    it.invoke()
+    theirs = it.get_tensor(it.get_output_details()[0]["index"]).transpose(0, 3, 1, 2)
+    ours = IntegerSimulator(q).run({q.inputs[0]: x})[q.outputs[0]]
+    assert theirs.dtype == np.float32 and np.array_equal(theirs, ours)
+
+
+def test_onnx_runtime_lowering_runs_tflite_arithmetic():
+    """The ONNX Runtime lowering of the integer simulator proves its formulas against the
+    node's own rule, TFLite's included (one-rounding FC, three-multiplier ADD, MEAN, pools)."""
+    from npuforge.sim.lowered import LoweredSimulator
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 8, 1), nn.Linear(8, 10)
+
+        def forward(self, x):
+            y = F.hardswish(F.avg_pool2d(self.a(x) + self.b(x), 2))
+            return self.fc(y.mean((2, 3)))
+
+    q = quantized(Net(), [(1, 3, 12, 12)])
+    x = np.random.default_rng(4).standard_normal((1, 3, 12, 12)).astype(np.float32)
+    plain = IntegerSimulator(q).run({q.inputs[0]: x}, dequantize=False)
+    lowered = LoweredSimulator(q).run({q.inputs[0]: x}, dequantize=False)
+    assert np.array_equal(plain[q.outputs[0]], lowered[q.outputs[0]])
+    assert_bit_exact(Net(), [(1, 3, 12, 12)])

@@ -62,6 +62,16 @@ def _act_range(kind: str, p: QParams) -> tuple[int, int]:
     return lo, hi
 
 
+def _tflite_nearest(n_in: int, n_out: int, align: bool, half: bool) -> np.ndarray:
+    """TFLite's nearest-neighbour source index of every output position (float32 arithmetic)."""
+    f32 = np.float32
+    scale = f32(n_in - 1) / f32(n_out - 1) if align and n_out > 1 else f32(n_in) / f32(n_out)
+    pos = (np.arange(n_out, dtype=f32) + f32(0.5 if half else 0.0)) * scale
+    idx = _tflite_round(pos) if align else np.floor(pos)
+    idx = np.minimum(idx.astype(np.int64), n_in - 1)
+    return np.maximum(idx, 0) if half else idx
+
+
 class _Exporter:
     def __init__(self, graph, io: str):
         if io not in IO_TYPES:
@@ -295,8 +305,8 @@ class _Exporter:
         shape = self.g.values[x].shape
         if node.op == "ReduceMean":
             axes = sorted(int(v) % len(shape) for v in np.asarray(self.g.values[node.inputs[1]].data).reshape(-1))
-            if len(shape) != 4 or axes != [2, 3] or not node.attrs.get("keepdims", 1):
-                _refuse(node, "TFLite's integer MEAN reduces H and W of a 4-D tensor, keeping them")
+            if len(shape) != 4 or axes != [2, 3]:
+                _refuse(node, "TFLite's integer MEAN reduces H and W of a 4-D tensor")
         xq, yq = self.qp(x), self.qp(y)
         if "divisor" not in node.quant or int(self.stored(node, "divisor")) != 1 or \
                 int(self.stored(node, "extra_bits")) != 0:
@@ -304,8 +314,14 @@ class _Exporter:
                           "--tflite-multipliers)")
         count = int(np.prod(self.dims(x)[2:]))
         self.check_multiplier(node, "", np.float64(xq.scale) / np.float64(yq.scale), count)
-        self.op("MEAN", [self.activation(x), self.int32s(f"{node.name}::axes", (1, 2))], [self.activation(y)],
-                "ReducerOptions", version=2, KeepDims=True)
+        keep = node.op == "GlobalAveragePool" or node.attrs.get("keepdims", 1)
+        n, c = self.dims(x)[:2]
+        out = self.activation(y) if keep else self.new_tensor(f"{y}::kept", (n, 1, 1, c), yq)
+        self.op("MEAN", [self.activation(x), self.int32s(f"{node.name}::axes", (1, 2))], [out],
+                "ReducerOptions", version=2, KeepDims=True)  # the reference integer kernel keeps the dims
+        if not keep:
+            self.op("RESHAPE", [out, self.int32s(f"{y}::shape", (n, c))], [self.activation(y)], "ReshapeOptions",
+                    NewShape=[n, c])
 
     def pool(self, node):
         a = node.attrs
@@ -313,7 +329,8 @@ class _Exporter:
         xq, yq = self.qp(x), self.qp(y)
         if len(self.g.values[x].shape) != 4 or a.get("ceil_mode", 0) or any(d != 1 for d in a.get("dilations") or [1]):
             _refuse(node, "TFLite pools 4-D tensors without ceil_mode or dilations")
-        if node.op == "AveragePool" and (a.get("count_include_pad", 0) or not xq.same_as(yq)):
+        counted_pads = a.get("count_include_pad", 0) and any(a["pads"] or [])
+        if node.op == "AveragePool" and (counted_pads or not xq.same_as(yq) or "code_average" not in node.quant):
             _refuse(node, "TFLite's int8 AVERAGE_POOL_2D excludes padding and keeps its input's parameters")
         k, s = a["kernel_shape"], a["strides"] or [1, 1]
         fill = xq.qmin if node.op == "MaxPool" else None  # a padded average would count the pads
@@ -357,9 +374,60 @@ class _Exporter:
         self.op("PAD", [self.activation(x), self.const(f"{node.name}::pads", table, "int32")], [self.activation(y)],
                 "PadOptions", version=2)
 
+    def activation_op(self, node):
+        """Relu / Clip / Sigmoid / Tanh / HardSwish: TFLite's own kernel, whose table must be
+        the node's stored one (the quantizer fills it with TFLite's arithmetic)."""
+        from ..quant.tflite_tables import RELU_KINDS, clip_bounds, fixed_output, tflite_table
+
+        x, y = node.inputs[0], node.outputs[0]
+        xp, yp = self.g.values[x].quant, self.g.values[y].quant
+        if node.op in ("Relu", "Clip"):
+            kind = RELU_KINDS.get(clip_bounds(self.g, node))
+            if kind is None:
+                _refuse(node, f"Clip bounds {clip_bounds(self.g, node)} are none of TFLite's RELU, RELU6, "
+                              f"RELU_N1_TO_1")
+            name = {"Relu": "RELU", "Relu6": "RELU6", "ReluN1To1": "RELU_N1_TO_1"}[kind]
+        else:
+            name = {"Sigmoid": "LOGISTIC", "Tanh": "TANH", "HardSwish": "HARD_SWISH"}[node.op]
+            fixed = fixed_output(node.op, yp.dtype)
+            if fixed is not None and not fixed.same_as(yp):
+                _refuse(node, f"TFLite's {name} needs output scale {float(fixed.scale):g}, zero point "
+                              f"{int(fixed.zero_point)} (quantize with --tflite-multipliers)")
+        want = tflite_table(self.g, node, xp, yp)
+        if want is not None and not np.array_equal(self.stored(node, "lut").astype(np.int64), want):
+            _refuse(node, f"its table is not TFLite's {name} kernel (quantize with --tflite-multipliers)")
+        self.op(name, [self.activation(x)], [self.activation(y)], version=1 if name in ("HARD_SWISH", "RELU_N1_TO_1")
+                else 2)
+
+    def resize(self, node):
+        """Nearest Resize: RESIZE_NEAREST_NEIGHBOR, with the one (align_corners, half_pixel_centers)
+        whose source index of every output row and column equals the IR op's."""
+        from ..ops.registry import get_op
+
+        import torch
+
+        x, y = node.inputs[0], node.outputs[0]
+        (n, c, h, w), (_, _, oh, ow) = self.dims(x), self.dims(y)
+        if (n, c) != tuple(self.dims(y)[:2]):
+            _refuse(node, "TFLite resizes H and W only")
+        probe = torch.arange(h * w, dtype=torch.float32).reshape(1, 1, h, w)
+        extra = [None if not i else torch.from_numpy(np.array(self.g.values[i].data)) for i in node.inputs[1:]]
+        src = get_op("Resize").forward(node, [probe, *extra])[0][0, 0].numpy().astype(np.int64)
+        rows, cols = src[:, 0] // w, src[0, :] % w
+        for align, half in ((False, False), (False, True), (True, False)):
+            if np.array_equal(_tflite_nearest(h, oh, align, half), rows) and \
+                    np.array_equal(_tflite_nearest(w, ow, align, half), cols):
+                self.op("RESIZE_NEAREST_NEIGHBOR", [self.activation(x), self.int32s(f"{node.name}::size", (oh, ow))],
+                        [self.activation(y)], "ResizeNearestNeighborOptions", version=3, AlignCorners=align,
+                        HalfPixelCenters=half)
+                return
+        _refuse(node, "its source pixels match none of TFLite's nearest-neighbour modes")
+
     HANDLERS = {"Conv": conv, "Gemm": gemm, "Add": add, "Sub": add, "Mul": mul, "GlobalAveragePool": mean,
                 "ReduceMean": mean, "AveragePool": pool, "MaxPool": pool, "Flatten": reshape, "Reshape": reshape,
-                "Squeeze": reshape, "Unsqueeze": reshape, "Concat": concat, "Pad": pad}
+                "Squeeze": reshape, "Unsqueeze": reshape, "Concat": concat, "Pad": pad, "Relu": activation_op,
+                "Clip": activation_op, "Sigmoid": activation_op, "Tanh": activation_op, "HardSwish": activation_op,
+                "Resize": resize}
 
     # -- graph -------------------------------------------------------------------------
     def boundary(self, name: str, output: bool) -> int:
@@ -380,7 +448,7 @@ class _Exporter:
             if handler is None:
                 _refuse(node, "no TFLite mapping for this op yet (docs/tflite.md lists the ops written)")
             if not node.quant and node.op not in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Concat", "Pad",
-                                                  "MaxPool"):
+                                                  "MaxPool", "Resize"):
                 _refuse(node, "it was kept in float")
             handler(self, node)
         outputs = [self.boundary(name, output=True) for name in g.outputs]

@@ -34,7 +34,9 @@ from .config import QuantConfig
 from .equalize import equalize
 from .params import QParams, QRANGES, from_range, weight_params
 from .ort_multipliers import match_multipliers
-from .requant import TFLITE_ADD_LEFT_SHIFT, tflite_add_multipliers, tflite_mean_multiplier, activation_code_bounds, requant_multiplier
+from .requant import (TFLITE_ADD_LEFT_SHIFT, activation_code_bounds, requant_multiplier, tflite_add_multipliers,
+                      tflite_mean_multiplier)
+from .tflite_tables import fixed_output, tflite_table
 
 
 
@@ -122,7 +124,8 @@ def make_plan(graph, config: QuantConfig) -> Plan:
             (plan.constants if graph.values[name].is_const else plan.activations).add(name)
         outs = [o for o in node.outputs if _is_float(graph, o)]
         plan.activations.update(outs)
-        if kind == "passthrough" and float_ins:
+        if float_ins and (kind == "passthrough" or (config.tflite_multipliers and node.op == "AveragePool")):
+            # (TFLite's int8 AVERAGE_POOL_2D averages codes: its output keeps its input's grid)
             for o in outs:
                 plan.union(float_ins[0], o)
         elif kind == "concat":
@@ -133,6 +136,20 @@ def make_plan(graph, config: QuantConfig) -> Plan:
         raise NpuforgeError(f"node '{node.name}' ({node.op}) has no quantization rule (strict mode); "
                             f"keep it in float with keep_float or drop --strict")
     return plan
+
+
+def _fix_tflite_outputs(graph, plan: Plan) -> None:
+    """The output grids TFLite requires (LOGISTIC 1/256, TANH 1/128), on every value of a
+    sharing group made only of such outputs of one op."""
+    producer = {o: n for n in graph.nodes for o in n.outputs}
+    groups: dict[str, list[str]] = {}
+    for name in plan.activations:
+        groups.setdefault(plan.find(name), []).append(name)
+    for names in groups.values():
+        ops = {producer[n].op if n in producer else None for n in names}
+        p = fixed_output(ops.pop(), graph.values[names[0]].quant.dtype) if len(ops) == 1 else None
+        for n in names if p is not None else []:
+            graph.values[n].quant = p
 
 
 def _levels(dtype: str, symmetric: bool) -> int:
@@ -253,9 +270,14 @@ def _quantize_compute(graph, node, config: QuantConfig, widened: list) -> None:
         _add_int(graph, node, "act_max", np.asarray(hi, np.int32))
 
 
-def _lut(graph, node) -> None:
-    """Table over every input code: dequantize -> the op's float forward -> quantize."""
+def _lut(graph, node, config: QuantConfig) -> None:
+    """Table over every input code: dequantize -> the op's float forward -> quantize (or,
+    with TFLite's arithmetic, TFLite's integer kernel where it differs: quant/tflite_tables.py)."""
     xp, yp = graph.values[node.inputs[0]].quant, graph.values[node.outputs[0]].quant
+    table = tflite_table(graph, node, xp, yp) if config.tflite_multipliers else None
+    if table is not None:
+        _add_int(graph, node, "lut", table.astype(yp.quantize(np.zeros(1, np.float32)).dtype))
+        return
     codes = np.arange(xp.qmin, xp.qmax + 1)
     x = torch.from_numpy(xp.dequantize(codes))
     extra = [None if not i else torch.from_numpy(np.array(graph.values[i].data)) for i in node.inputs[1:]]
@@ -311,8 +333,10 @@ def _quantize_node(graph, node, kind: str, config: QuantConfig, widened: list) -
             _add_int(graph, node, "divisor", np.asarray(1, np.int32))
         if config.tflite_multipliers:  # no fractional bits kept before the division (TFLite's pools)
             _add_int(graph, node, "extra_bits", np.asarray(0, np.int32))
+        if config.tflite_multipliers and node.op == "AveragePool" and ins[0].same_as(out):
+            _add_int(graph, node, "code_average", np.asarray(1, np.int32))  # TFLite averages the codes
     elif kind == "lut":
-        _lut(graph, node)
+        _lut(graph, node, config)
     elif _owns_rule(node):
         get_op(node.op).quantize_integers(graph, node, lambda role, data: _add_int(graph, node, role, data))
 
@@ -329,6 +353,8 @@ def apply_parameters(graph, plan: Plan, observers: dict, config: QuantConfig, lo
     int16 = set(config.int16) | {m.node for m in wide}
     for name, p in _group_params(graph, plan, observers, config, int16).items():
         graph.values[name].quant = p
+    if config.tflite_multipliers:
+        _fix_tflite_outputs(graph, plan)
     widened = []
     for node in graph.nodes:
         kind = plan.kinds.get(node.name)

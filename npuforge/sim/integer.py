@@ -52,7 +52,9 @@ Per kind, in ``fixedpoint`` mode (R(v; M, s) is the requantization above;
   ``y = zp_y + round_half_away(t / (count * 2^L))`` -- one rounded division by
   the window's element count (ONNX's count_include_pad rule), L as above, or
   the stored ``extra_bits`` and ``divisor`` (TFLite's MEAN: 0 bits, the count folded
-  into the multiplier, divisor 1).
+  into the multiplier, divisor 1). TFLite's AVERAGE_POOL_2D (``code_average``, input and
+  output on one grid): ``round_half_away(sum of codes / count)`` -- rounding the codes,
+  zero point included, is not rounding ``x - zp`` and adding it back.
 * lut: ``y = lut[x - qmin]``.
 * passthrough / concat: the op moves codes; parameters are shared.
 
@@ -506,6 +508,8 @@ class IntegerSimulator:
         ``x - zp_x`` and their element counts."""
         xq, yq = self._q(node.inputs[0]), self._q(node.outputs[0])
         zy = int(yq.zero_point)
+        if "code_average" in node.quant:  # TFLite's AVERAGE_POOL_2D: the codes' own rounded mean
+            return rounding_divide(total + count * int(xq.zero_point), count)
         if "divisor" in node.quant:  # 1: the count is folded into the multiplier (TFLite's MEAN)
             divisor = torch.full_like(count, int(self._int(node, "divisor")))
         else:

@@ -145,7 +145,8 @@ def proven_formula(plain, node, prep: dict, offset: np.ndarray, a, b, lo, hi,
         m = np.broadcast_to(multiplier_value(prep["M"], prep["S"]), (channels,))
         shift = np.broadcast_to(prep["S"], (channels,))
     exact = requant_rule(plain, node, prep, lo, hi, offset)
-    for group in requant_candidates(plain.rounding, m, scale, shift, offset, negative=bool((lo < 0).any()),
+    rounding = "single" if plain.rounding != "onnx" and "single_rounding" in node.quant else plain.rounding
+    for group in requant_candidates(rounding, m, scale, shift, offset, negative=bool((lo < 0).any()),
                                     acc_dtype=acc_dtype):
         formula = fit(exact, group, a - offset, b - offset, lo, hi)
         if formula is not None:
