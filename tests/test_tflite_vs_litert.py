@@ -239,3 +239,10 @@ def test_onnx_runtime_lowering_runs_tflite_arithmetic():
     lowered = LoweredSimulator(q).run({q.inputs[0]: x}, dequantize=False)
     assert np.array_equal(plain[q.outputs[0]], lowered[q.outputs[0]])
     assert_bit_exact(Net(), [(1, 3, 12, 12)])
+
+
+@pytest.mark.parametrize("scale,shape,dim", [(1.0, (1, 10), 1), (4.0, (1, 1000), 1), (0.2, (1, 7, 33), 2),
+                                             (2.0, (1, 12, 5, 5), 1)])
+def test_softmax(scale, shape, dim):
+    """TFLite's fixed-point SOFTMAX (gemmlowp exp, Newton-Raphson reciprocal) on the 1/256 grid."""
+    assert_bit_exact(Lambda(lambda x: torch.softmax(x, dim=dim)), [shape], scale=scale)

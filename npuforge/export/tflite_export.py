@@ -423,11 +423,25 @@ class _Exporter:
                 return
         _refuse(node, "its source pixels match none of TFLite's nearest-neighbour modes")
 
+    def softmax(self, node):
+        from ..quant.tflite_tables import fixed_output
+
+        x, y = node.inputs[0], node.outputs[0]
+        rank = len(self.dims(x))
+        axis = node.attrs["axis"] % rank
+        if axis != (1 if rank == 4 else rank - 1):
+            _refuse(node, "TFLite's SOFTMAX runs along the last (NHWC channel) axis")
+        yp = self.g.values[y].quant
+        if "tflite_softmax" not in node.quant or not fixed_output("Softmax", yp.dtype).same_as(yp):
+            _refuse(node, "it was quantized with npuforge's own Softmax, not TFLite's (quantize with "
+                          "--tflite-multipliers)")
+        self.op("SOFTMAX", [self.activation(x)], [self.activation(y)], "SoftmaxOptions", version=2, Beta=1.0)
+
     HANDLERS = {"Conv": conv, "Gemm": gemm, "Add": add, "Sub": add, "Mul": mul, "GlobalAveragePool": mean,
                 "ReduceMean": mean, "AveragePool": pool, "MaxPool": pool, "Flatten": reshape, "Reshape": reshape,
                 "Squeeze": reshape, "Unsqueeze": reshape, "Concat": concat, "Pad": pad, "Relu": activation_op,
                 "Clip": activation_op, "Sigmoid": activation_op, "Tanh": activation_op, "HardSwish": activation_op,
-                "Resize": resize}
+                "Resize": resize, "Softmax": softmax}
 
     # -- graph -------------------------------------------------------------------------
     def boundary(self, name: str, output: bool) -> int:

@@ -256,7 +256,10 @@ class Softmax(Op):
         quantize_integers(graph, node, add)
 
     def integer_forward(self, sim, node, env):
-        from ..quant.softmax_rule import integer_forward
+        if "tflite_softmax" in node.quant:  # quantized with TFLite's arithmetic: its fixed-point kernel
+            from ..quant.tflite_softmax import integer_forward
+        else:
+            from ..quant.softmax_rule import integer_forward
 
         return integer_forward(sim, node, env)
 

@@ -338,7 +338,13 @@ def _quantize_node(graph, node, kind: str, config: QuantConfig, widened: list) -
     elif kind == "lut":
         _lut(graph, node, config)
     elif _owns_rule(node):
-        get_op(node.op).quantize_integers(graph, node, lambda role, data: _add_int(graph, node, role, data))
+        add = lambda role, data: _add_int(graph, node, role, data)  # noqa: E731
+        if config.tflite_multipliers and node.op == "Softmax":
+            from .tflite_softmax import quantize_integers as tflite_softmax
+
+            tflite_softmax(graph, node, add)
+        else:
+            get_op(node.op).quantize_integers(graph, node, add)
 
 
 def apply_parameters(graph, plan: Plan, observers: dict, config: QuantConfig, log=None) -> list:

@@ -12,7 +12,7 @@ tests/test_tflite_vs_litert.py) where that is not the float op rounded once:
 
 LOGISTIC and TANH are LiteRT's float function rounded to the output grid, which is the
 quantizer's own table (measured equal over every code), on the output grids TFLite
-requires (:data:`FIXED_OUTPUTS`).
+requires (:data:`FIXED_OUTPUTS`, SOFTMAX's too: its kernel is quant/tflite_softmax.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .params import QParams
 from .requant import quantize_multiplier
 
 # op -> (scale, zero point) of its int8 output, as TFLite requires them (uint8: zero point + 128)
-FIXED_OUTPUTS = {"Sigmoid": (1.0 / 256, -128), "Tanh": (1.0 / 128, 0)}
+FIXED_OUTPUTS = {"Sigmoid": (1.0 / 256, -128), "Softmax": (1.0 / 256, -128), "Tanh": (1.0 / 128, 0)}
 
 
 def fixed_output(op: str, dtype: str) -> QParams | None:

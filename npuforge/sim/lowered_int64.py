@@ -33,6 +33,8 @@ def _store(builder, node, q64: str) -> None:
 
 
 def softmax(builder, node) -> str:
+    if "tflite_softmax" in node.quant:
+        builder.refuse(node, "TFLite's fixed-point SOFTMAX is not lowered")
     builder.activation(node, node.inputs[0])
     x, pre, plain = node.inputs[0], node.name, builder.plain
     axes = _int64(builder, f"{pre}::axes", [node.attrs["axis"]])

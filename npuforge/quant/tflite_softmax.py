@@ -1,0 +1,143 @@
+"""TFLite's int8 SOFTMAX (its reference kernel), for graphs quantized with TFLite's arithmetic.
+
+gemmlowp fixed point throughout, on int64 arrays holding int32 values:
+
+1. ``d = q - max(q)`` along the axis; ``d`` below ``diff_min`` contributes nothing;
+2. ``d`` rescaled to Q5.26 by ``beta * s_x * 2^26`` (``input_multiplier``, ``input_left_shift``);
+3. ``exp`` of it, gemmlowp's ``exp_on_negative_values``: a Taylor polynomial on [-1/4, 0)
+   and a barrel shifter of exp(-2^k) constants;
+4. the sum in Q12.19, its reciprocal by Newton-Raphson (``one_over_one_plus_x_for_x_in_0_1``);
+5. ``y = RoundingDivideByPOT(exp * reciprocal, bits_over_unit + 23) - 128``, saturated.
+
+The output grid is fixed (scale 1/256, zero point -128), as TFLite requires.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .requant import quantize_multiplier
+
+SCALED_DIFF_BITS = 5  # integer bits of the rescaled difference (Q5.26)
+ACCUMULATION_BITS = 12  # integer bits of the sum of exps (Q12.19)
+INT32_MAX, INT32_MIN = 2**31 - 1, -(2**31)
+
+
+def _div_trunc(num: np.ndarray, den: int) -> np.ndarray:
+    """C's integer division (toward zero), exact on int64."""
+    q = np.abs(num) // den
+    return np.where(num < 0, -q, q)
+
+
+def srdhm(a, b) -> np.ndarray:
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    ab = a * b
+    nudge = np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
+    out = _div_trunc(ab + nudge, 1 << 31)
+    return np.where((a == INT32_MIN) & (b == INT32_MIN), INT32_MAX, out)
+
+
+def rdbp(x, e: int) -> np.ndarray:
+    """RoundingDivideByPOT: x / 2^e rounded half away from zero."""
+    x = np.asarray(x, np.int64)
+    if e <= 0:
+        return x
+    mask = (1 << e) - 1
+    return (x >> e) + ((x & mask) > ((mask >> 1) + (x < 0)))
+
+
+def _sat_shift(x, e: int) -> np.ndarray:
+    """SaturatingRoundingMultiplyByPOT with a positive exponent: a saturating left shift."""
+    return np.clip(np.asarray(x, np.int64) << e, INT32_MIN, INT32_MAX)
+
+
+def _wrap(x) -> np.ndarray:
+    """int32 wrap-around of raw fixed-point additions (gemmlowp adds raw int32 values)."""
+    return ((np.asarray(x, np.int64) + 2**31) % 2**32) - 2**31
+
+
+def _exp_on_interval(a: np.ndarray) -> np.ndarray:
+    """exp(a) for a Q0.31 a in [-1/4, 0): Taylor around -1/8."""
+    constant_term, one_third = 1895147668, 715827883  # exp(-1/8), 1/3 in Q0.31
+    x = _wrap(a + (1 << 28))
+    x2 = srdhm(x, x)
+    x3 = srdhm(x2, x)
+    x4 = srdhm(x2, x2)
+    x4_over_4 = rdbp(x4, 2)
+    poly = rdbp(_wrap(srdhm(_wrap(x4_over_4 + x3), one_third) + x2), 1)
+    return _wrap(constant_term + srdhm(constant_term, _wrap(x + poly)))
+
+
+BARREL = ((-2, 1672461947), (-1, 1302514674), (0, 790015084), (1, 290630308), (2, 39332535), (3, 720401), (4, 242))
+
+
+def exp_on_negative_values(a: np.ndarray) -> np.ndarray:
+    """gemmlowp's exp of a non-positive Q5.26 value, as Q0.31."""
+    frac = 31 - SCALED_DIFF_BITS
+    quarter = 1 << (frac - 2)
+    a_mod = _wrap((a & (quarter - 1)) - quarter)
+    result = _exp_on_interval(_sat_shift(a_mod, SCALED_DIFF_BITS))
+    remainder = _wrap(a_mod - a)
+    for exponent, multiplier in BARREL:
+        if SCALED_DIFF_BITS > exponent:
+            bit = (remainder & (1 << (frac + exponent))) != 0
+            result = np.where(bit, srdhm(result, multiplier), result)
+    return np.where(a == 0, INT32_MAX, result)
+
+
+def one_over_one_plus_x(a: np.ndarray) -> np.ndarray:
+    """1 / (1 + a) for a Q0.31 a in [0, 1), as Q0.31 (Newton-Raphson in Q2.29)."""
+    s = a + INT32_MAX
+    half_denominator = _div_trunc(s + np.where(s >= 0, 1, -1), 2)  # RoundingHalfSum(a, One)
+    x = _wrap(1515870810 + srdhm(half_denominator, -1010580540))  # 48/17 - 32/17 * d, Q2.29
+    one = 1 << 29
+    for _ in range(3):
+        hd_x = srdhm(half_denominator, x)
+        x = _wrap(x + _sat_shift(srdhm(x, _wrap(one - hd_x)), 2))
+    return _sat_shift(x, 1)
+
+
+def reciprocal(total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """GetReciprocal of a positive Q12.19 sum: (Q0.31 scale, bits over unit)."""
+    total = np.asarray(total, np.int64)
+    headroom = 32 - np.frexp(np.maximum(total, 1).astype(np.float64))[1].astype(np.int64)  # clz of the uint32
+    bits_over_unit = ACCUMULATION_BITS - headroom
+    shifted_minus_one = _wrap(((total << headroom) & 0xFFFFFFFF) - (1 << 31))
+    return one_over_one_plus_x(shifted_minus_one), bits_over_unit
+
+
+def quantize_integers(graph, node, add, beta: float = 1.0) -> None:
+    """Store TFLite's SOFTMAX Prepare values: input multiplier, left shift, diff_min."""
+    xp = graph.values[node.inputs[0]].quant
+    real = min(beta * np.float64(np.float32(xp.scale)) * (1 << (31 - SCALED_DIFF_BITS)), (1 << 31) - 1.0)
+    m, shift = quantize_multiplier(np.float64(real))
+    radius = ((1 << SCALED_DIFF_BITS) - 1) * (1 << (31 - SCALED_DIFF_BITS)) / (1 << int(shift))
+    add("tflite_softmax", np.asarray(1, np.int32))
+    add("multiplier", np.asarray(m, np.int32))
+    add("shift", np.asarray(shift, np.int32))
+    add("diff_min", np.asarray(-int(np.floor(radius)), np.int32))
+
+
+def integer_forward(sim, node, env) -> list:
+    q = sim._as_codes(node.inputs[0], env).to(torch.int64).numpy()
+    axis = node.attrs["axis"] % q.ndim
+    m, shift = int(sim._int(node, "multiplier")), int(sim._int(node, "shift"))
+    diff_min = int(sim._int(node, "diff_min"))
+    d = q - q.max(axis=axis, keepdims=True)
+    used = d >= diff_min
+    e = exp_on_negative_values(srdhm(np.maximum(d, diff_min) * (1 << shift), m))
+    total = np.where(used, rdbp(e, ACCUMULATION_BITS), 0).sum(axis=axis, keepdims=True)
+    scale, bits = reciprocal(total)
+    y = rdbp_per(srdhm(scale, e), bits + 31 - 8) - 128
+    p = sim._q(node.outputs[0])
+    y = np.where(used, y, -128) + (int(p.zero_point) + 128)  # a uint8 output: the same codes + 128
+    return [sim._store(torch.from_numpy(y), p)]
+
+
+def rdbp_per(x: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """RoundingDivideByPOT with an exponent per element (broadcast)."""
+    x = np.asarray(x, np.int64)
+    e = np.broadcast_to(np.asarray(e, np.int64), x.shape)
+    mask = (np.int64(1) << e) - 1
+    return np.where(e > 0, (x >> e) + ((x & mask) > ((mask >> 1) + (x < 0))), x)
