@@ -246,3 +246,26 @@ def test_onnx_runtime_lowering_runs_tflite_arithmetic():
 def test_softmax(scale, shape, dim):
     """TFLite's fixed-point SOFTMAX (gemmlowp exp, Newton-Raphson reciprocal) on the 1/256 grid."""
     assert_bit_exact(Lambda(lambda x: torch.softmax(x, dim=dim)), [shape], scale=scale)
+
+
+@pytest.mark.parametrize("factor,align", [(2, False), (2, True), (3, False), (0.5, False)])
+def test_resize_bilinear(factor, align):
+    """The integer bilinear rule (TFLite's 10-bit weights on the codes) against RESIZE_BILINEAR."""
+    up = nn.Upsample(scale_factor=factor, mode="bilinear", align_corners=align)
+    assert_bit_exact(nn.Sequential(nn.Conv2d(3, 4, 1), up), [(1, 3, 6, 8)], scale=2.0)
+
+
+def test_integer_bilinear_is_within_a_code_of_the_float_op():
+    """The rule's 10-bit weights approximate ONNX's exact bilinear: against fake-quant (float
+    interpolation, then rounding) on the default uint8 grid, no code moves by more than one."""
+    from npuforge.sim.fake_quant import run_fake_quant
+
+    q = quantized(nn.Sequential(nn.Conv2d(3, 4, 1), nn.Upsample(scale_factor=2, mode="bilinear")), [(1, 3, 9, 7)],
+                  config=QuantConfig())
+    resize = next(n for n in q.nodes if n.op == "Resize")
+    assert "half_pixel_centers" in resize.quant  # quantized, not kept in float
+    x = np.random.default_rng(7).standard_normal((1, 3, 9, 7)).astype(np.float32)
+    p = q.values[q.outputs[0]].quant
+    ours = IntegerSimulator(q).run({q.inputs[0]: x}, dequantize=False)[q.outputs[0]].astype(np.int64)
+    fake = p.quantize(np.asarray(run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]])).astype(np.int64)
+    assert np.abs(ours - fake).max() <= 1 and np.mean(ours == fake) > 0.9

@@ -410,6 +410,14 @@ class _Exporter:
         (n, c, h, w), (_, _, oh, ow) = self.dims(x), self.dims(y)
         if (n, c) != tuple(self.dims(y)[:2]):
             _refuse(node, "TFLite resizes H and W only")
+        if node.attrs["mode"] == "linear":
+            if "half_pixel_centers" not in node.quant:
+                _refuse(node, "this linear Resize has no integer rule (it runs in float)")
+            self.op("RESIZE_BILINEAR", [self.activation(x), self.int32s(f"{node.name}::size", (oh, ow))],
+                    [self.activation(y)], "ResizeBilinearOptions", version=3,
+                    AlignCorners=bool(self.stored(node, "align_corners")),
+                    HalfPixelCenters=bool(self.stored(node, "half_pixel_centers")))
+            return
         probe = torch.arange(h * w, dtype=torch.float32).reshape(1, 1, h, w)
         extra = [None if not i else torch.from_numpy(np.array(self.g.values[i].data)) for i in node.inputs[1:]]
         src = get_op("Resize").forward(node, [probe, *extra])[0][0, 0].numpy().astype(np.int64)

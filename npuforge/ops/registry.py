@@ -90,6 +90,7 @@ class Op:
     #   "pool"         averaging: integer sum, requantized (divided) output
     #   "lut"          unary elementwise: a lookup table over every input code
     #   "passthrough"  moves or selects values: the output shares the input's parameters
+    #   "interpolate"  a linear Resize on the input's grid: integer bilinear weights (quant/resize_rule.py)
     #   "concat"       inputs and output share one set of parameters
     #   "shape"        integer shape arithmetic: stays as it is
     #   None           no rule: kept in float (a warning; an error under strict)

@@ -29,7 +29,30 @@ class Resize(Op):
     summary = "nearest / linear resize by scales or sizes; all coordinate modes but tf_crop_and_resize"
 
     def quant_kind(self, node, graph):
-        return "passthrough" if node.attrs["mode"] == "nearest" else None
+        """nearest: moves codes; linear: the integer bilinear rule (quant/resize_rule.py) where
+        TFLite's integer RESIZE_BILINEAR applies, else float."""
+        if node.attrs["mode"] == "nearest":
+            return "passthrough"
+        from ..quant.resize_rule import eligible
+
+        scales = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""
+        scales = np.asarray(graph.values[scales].data).reshape(-1) if scales and graph.values[scales].is_const \
+            else None
+        if scales is not None and scales.size == 0:
+            scales = None
+        x, y = (graph.values[n].shape for n in (node.inputs[0], node.outputs[0]))
+        return "interpolate" if eligible(node, x, y, scales) else None
+
+    def quantize_integers(self, graph, node, add):
+        if node.attrs["mode"] != "nearest":
+            from ..quant.resize_rule import quantize_integers
+
+            quantize_integers(graph, node, add)
+
+    def integer_forward(self, sim, node, env):
+        from ..quant.resize_rule import integer_forward
+
+        return integer_forward(sim, node, env)
 
     def from_onnx(self, ctx, node):
         a = node.attrs

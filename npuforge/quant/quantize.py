@@ -124,7 +124,8 @@ def make_plan(graph, config: QuantConfig) -> Plan:
             (plan.constants if graph.values[name].is_const else plan.activations).add(name)
         outs = [o for o in node.outputs if _is_float(graph, o)]
         plan.activations.update(outs)
-        if float_ins and (kind == "passthrough" or (config.tflite_multipliers and node.op == "AveragePool")):
+        if float_ins and (kind in ("passthrough", "interpolate") or
+                          (config.tflite_multipliers and node.op == "AveragePool")):
             # (TFLite's int8 AVERAGE_POOL_2D averages codes: its output keeps its input's grid)
             for o in outs:
                 plan.union(float_ins[0], o)
