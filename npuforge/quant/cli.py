@@ -36,8 +36,10 @@ def add_quantize_parser(sub) -> None:
     p.add_argument("--reduce-range", action="store_true",
                    help="7-bit weights, for ONNX Runtime's int8 kernels on x86 CPUs without VNNI")
     p.add_argument("--tflite-multipliers", action="store_true",
-                   help="requantization multipliers normalized as TFLite stores them (the fixed-point rule then "
-                        "rounds twice after a right shift); default: short right shifts folded in, one rounding")
+                   help="TFLite's integer arithmetic: multipliers normalized as TFLite stores them (two roundings "
+                        "after a right shift; default: short right shifts folded in, one rounding) and TFLite's own "
+                        "ADD, MEAN, pooling, FULLY_CONNECTED, SOFTMAX and activation kernels; needed by "
+                        "`npuforge export --format tflite` (docs/tflite.md)")
     p.add_argument("--ort-multipliers", action="store_true",
                    help="move each Conv / Gemm multiplier by at most 2^-18 of itself to one ONNX Runtime's integer "
                         "convolution reproduces exactly: the integer simulator then runs almost every channel on "

@@ -55,9 +55,10 @@ class QuantConfig:
     adaround_cache: str = field(default="", metadata={
         "help": "folder where AdaRound saves each layer's rounding as it is learnt; a rerun reuses them (resume)"})
     tflite_multipliers: bool = field(default=False, metadata={
-        "help": "store requantization multipliers normalized to [2^30, 2^31) as TFLite does; by default right "
-                "shifts of up to 10 bits are folded into the multiplier, so fixed-point requantization rounds "
-                "once instead of twice"})
+        "help": "TFLite's integer arithmetic: multipliers normalized to [2^30, 2^31) as TFLite stores them (by "
+                "default right shifts of up to 10 bits are folded in, so requantization rounds once instead of "
+                "twice), and TFLite's ADD, MEAN, AVERAGE_POOL_2D, FULLY_CONNECTED, SOFTMAX and activation "
+                "kernels with its fixed output grids; needed by the int8 TFLite export"})
     ort_multipliers: bool = field(default=False, metadata={
         "help": "move each Conv / Gemm multiplier by at most 2^-18 of itself to one whose fixed-point rule ONNX "
                 "Runtime's integer convolution reproduces exactly, so the integer simulator runs more of the "
