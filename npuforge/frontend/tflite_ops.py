@@ -1,0 +1,254 @@
+"""How each TFLite builtin becomes IR nodes: the operator rules of the TFLite importer
+(:mod:`npuforge.frontend.tflite_importer`, whose ``_Importer`` they are mixed into and
+whose value, layout and node helpers they call), and the layout conventions both share.
+
+Each rule takes the operator's input tensor indices (omitted trailing inputs dropped),
+its output tensor index and its options table, emits IR nodes and binds the output
+tensor to its IR value. In an int8 model the Conv / Gemm rule also stores the integers
+the quantizer would, from the file's codes; the other ops get theirs from the
+quantizer's own rules once the graph is built.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tflite.ActivationFunctionType import ActivationFunctionType as Act
+
+from ..export.tflite_export import _act_range
+from ..quant.config import QuantConfig
+from ..quant.params import QParams
+from ..quant.quantize import _add_int, _requant
+
+TO_IR = (0, 3, 1, 2)  # np.transpose perm: an NHWC array -> NCHW
+TO_FILE = (0, 2, 3, 1)  # NCHW -> NHWC
+IR_AXIS = (0, 2, 3, 1)  # NHWC axis k is NCHW axis IR_AXIS[k]
+# a fused activation as the IR's Conv / Gemm attributes and as TFLite's range kind (_act_range)
+_FUSED = {Act.RELU: ("Relu", [], "Relu"), Act.RELU6: ("Clip", [0.0, 6.0], "Relu6"),
+          Act.RELU_N1_TO_1: ("Clip", [-1.0, 1.0], "ReluN1To1")}
+TFLITE_CONFIG = dict(activation_dtype="int8", tflite_multipliers=True)
+
+
+def ir_shape(shape) -> tuple:
+    return tuple(shape[i] for i in TO_IR) if len(shape) == 4 else tuple(shape)
+
+
+def orders_differ(nhwc) -> bool:
+    """Whether an NHWC tensor's element order differs from its NCHW permutation's."""
+    return len(nhwc) == 4 and nhwc[3] > 1 and nhwc[1] * nhwc[2] > 1
+
+
+class OperatorRules:
+    # -- activations -----------------------------------------------------------------------
+    def fused_form(self, code: int) -> tuple:
+        """(IR op / Conv activation, its params, TFLite's range kind) of a fused activation."""
+        if code not in _FUSED:
+            self.refuse(f"has the fused activation {code} (TANH or SIGN_BIT), which npuforge does not import")
+        return _FUSED[code]
+
+    def activation(self, x: str, code: int, o: int, out: str | None, standalone: bool = False) -> str:
+        """A fused activation (or a RELU operator: ``standalone``) as a Relu / Clip node; in an int8
+        model its table is the quantizer's, TFLite's integer kernel (see ``integers``)."""
+        if code == Act.NONE:
+            return x
+        op, bounds, _ = self.fused_form(code)
+        ins = [x] + [self.add_const(f"{self.base}::{k}", np.float32(b)) for k, b in zip(("min", "max"), bounds)]
+        return self.emit(op, ins, out=out, quant=self.activation_q(o),
+                         suffix=None if standalone else op.lower()).outputs[0]
+
+    def with_activation(self, code: int, o: int, op: str, inputs: list, attrs: dict | None = None):
+        """The op's node, then its fused activation; binds tensor o."""
+        out = self.fresh(self.tname(o))
+        node = self.emit(op, inputs, attrs, None if code != Act.NONE else out, self.activation_q(o))
+        self.bind(o, self.activation(node.outputs[0], code, o, out))
+        return node
+
+    def compute(self, o: int, x: int, op: str, inputs: list, attrs: dict, code: int, weight: np.ndarray,
+                w_tensor: int, bias: int, w_axis: int) -> None:
+        """Conv / Gemm: float weights (or int8 codes with the quantizer's integers) in IR layout."""
+        qx, qy = self.activation_q(x), self.activation_q(o)
+        wq = None
+        if qy is not None:
+            p = self.qparams(w_tensor)
+            if self.dtype(w_tensor) != "int8" or p is None or np.any(p.zero_point != 0):
+                self.refuse("has weights that are not symmetric int8 (zero point 0)")
+            wq = QParams("int8", p.scale, p.zero_point, 0 if p.per_channel else None)
+            if p.per_channel and p.axis != w_axis:
+                self.refuse(f"quantizes its weights along axis {p.axis}, not the output channels")
+            codes, weight = weight, wq.dequantize(weight)
+        elif weight.dtype != np.float32:
+            self.refuse(f"has {weight.dtype} weights in a float model (a hybrid model); npuforge imports "
+                        f"float and fully int8 models")
+        inputs = inputs + [self.add_const(self.tname(w_tensor), weight, wq)]
+        bias_codes = None
+        if bias >= 0:
+            b, bq = self.const(bias, "biases"), None
+            if wq is not None:  # int32 codes at scale s_x * s_w (LiteRT reads no other)
+                bscale = (np.float64(qx.scale) * wq.scale.astype(np.float64)).astype(np.float32)
+                bq = QParams("int32", bscale, np.zeros(bscale.shape, np.int32), wq.axis)
+                bias_codes, b = b.astype(np.int32), bq.dequantize(b)
+            inputs.append(self.add_const(self.tname(bias), b.astype(np.float32), bq))
+        fused = qy is not None and code != Act.NONE  # int8: saturation of the Conv / Gemm itself
+        if fused:
+            act, params, kind = self.fused_form(code)
+            attrs = dict(attrs, activation=act, activation_params=list(params))
+        node = self.with_activation(Act.NONE if fused else code, o, op, inputs, attrs)
+        if qy is None:
+            return
+        g = self.graph
+        _add_int(g, node, "weight", codes.astype(np.int8))
+        if bias_codes is not None:
+            _add_int(g, node, "bias", bias_codes)
+        real = np.float64(qx.scale) * wq.scale.astype(np.float64) / np.float64(qy.scale)
+        _requant(g, node, "", real, QuantConfig(**TFLITE_CONFIG))
+        if op == "Gemm":  # LiteRT's FULLY_CONNECTED rounds once (as the quantizer stores it)
+            _add_int(g, node, "single_rounding", np.asarray(1, np.int32))
+        if fused:
+            lo, hi = _act_range(kind, qy)
+            _add_int(g, node, "act_min", np.asarray(lo, np.int32))
+            _add_int(g, node, "act_max", np.asarray(hi, np.int32))
+
+    # -- operators ------------------------------------------------------------------------
+    def conv(self, ins, o, opt, depthwise: bool):
+        x, w_i = ins[0], ins[1]
+        w = self.const(w_i, "weights")
+        cin = self.file_shape(x)[3]
+        if depthwise:  # [1, KH, KW, C * M] -> [C * M, 1, KH, KW]
+            weight, group, w_axis = w.transpose(3, 0, 1, 2), cin, 3
+        else:  # OHWI -> OIHW (I < C: a grouped convolution)
+            weight, group, w_axis = w.transpose(0, 3, 1, 2), cin // w.shape[3], 0
+        kernel = [w.shape[1], w.shape[2]]
+        strides = [opt.StrideH(), opt.StrideW()]
+        dilations = [opt.DilationHFactor() or 1, opt.DilationWFactor() or 1]
+        attrs = {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "group": group,
+                 "pads": self.pads(opt.Padding(), x, kernel, strides, dilations)}
+        self.compute(o, x, "Conv", [self.value(x)], attrs, opt.FusedActivationFunction(), weight, w_i,
+                     ins[2] if len(ins) > 2 else -1, w_axis)
+
+    def fully_connected(self, ins, o, opt):
+        x, w_i = ins[0], ins[1]
+        if opt.WeightsFormat() != 0:
+            self.refuse("has shuffled weights, which npuforge does not import")
+        w = self.const(w_i, "weights")  # [units, depth]
+        src, shape = self.value(x), self.file_shape(x)
+        rows = int(np.prod(shape)) // w.shape[1]
+        if shape != (rows, w.shape[1]):  # TFLite flattens the input to [-1, depth], in its element order
+            src = self.reshape(src, shape, (rows, w.shape[1]), self.graph.values[src].quant)
+        if self.file_shape(o) != (rows, w.shape[0]):
+            self.refuse("keeps its input's dims (keep_num_dims), which npuforge does not import")
+        self.compute(o, x, "Gemm", [src], {"transB": 1}, opt.FusedActivationFunction(), w, w_i,
+                     ins[2] if len(ins) > 2 else -1, 0)
+
+    def elementwise(self, ins, o, opt, op):
+        rank = len(self.file_shape(o))
+        self.with_activation(opt.FusedActivationFunction(), o, op, [self.value(i, rank) for i in ins])
+
+    def pool(self, ins, o, opt, op):
+        kernel, strides = [opt.FilterHeight(), opt.FilterWidth()], [opt.StrideH(), opt.StrideW()]
+        attrs = {"kernel_shape": kernel, "strides": strides, "dilations": [1, 1],
+                 "pads": self.pads(opt.Padding(), ins[0], kernel, strides, [1, 1])}
+        self.with_activation(opt.FusedActivationFunction(), o, op, [self.value(ins[0])], attrs)
+
+    def concatenation(self, ins, o, opt):
+        rank = len(self.file_shape(o))
+        self.with_activation(opt.FusedActivationFunction(), o, "Concat", [self.value(i) for i in ins],
+                             {"axis": self.axis(opt.Axis(), rank)})
+
+    def mean(self, ins, o, opt):
+        shape = self.file_shape(ins[0])
+        rank = len(shape)
+        axes = sorted({self.axis(int(a), rank) for a in self.const(ins[1], "axes").reshape(-1)})
+        x, keep = self.value(ins[0]), bool(opt.KeepDims())
+        if rank == 4 and axes == [2, 3] and keep:
+            return self.with_activation(Act.NONE, o, "GlobalAveragePool", [x])
+        kept_ir = [a for a in range(rank) if a not in axes]  # the result's axes, in IR order
+        kept_file = [a for a in (IR_AXIS if rank == 4 else range(rank)) if a not in axes]
+        if keep or kept_ir == kept_file:
+            return self.with_activation(Act.NONE, o, "ReduceMean", [x, self.int64s(f"{self.base}::axes", axes)],
+                                        {"keepdims": int(keep)})
+        y = self.emit("ReduceMean", [x, self.int64s(f"{self.base}::axes", axes)], {"keepdims": 0},
+                      quant=self.activation_q(o), suffix="mean").outputs[0]  # then to the file's axis order
+        self.bind(o, self.transpose(y, [kept_ir.index(a) for a in kept_file], self.fresh(self.tname(o))))
+
+    def pad(self, ins, o, opt):
+        x = ins[0]
+        table = self.const(ins[1], "paddings").reshape(-1, 2).astype(np.int64)
+        if len(table) == 4:
+            table = table[list(TO_IR)]
+        inputs = [self.value(x), self.int64s(f"{self.base}::pads", np.concatenate([table[:, 0], table[:, 1]]))]
+        if len(ins) > 2 and ins[2] >= 0:  # PADV2: the fill value (int8: a code, as a real number)
+            fill = self.const(ins[2], "pad values").reshape(-1)[:1]
+            q = self.activation_q(x)
+            value = q.dequantize(fill) if q is not None else fill.astype(np.float32)
+            inputs.append(self.add_const(f"{self.base}::value", value.reshape(())))
+        self.with_activation(Act.NONE, o, "Pad", inputs)
+
+    def reshape_op(self, ins, o, opt):
+        x = self.value(ins[0])
+        self.bind(o, self.reshape(x, self.file_shape(ins[0]), self.file_shape(o), self.activation_q(o),
+                                  self.fresh(self.tname(o))))
+
+    def transpose_op(self, ins, o, opt):
+        perm = [int(p) for p in self.const(ins[1], "permutations").reshape(-1)]
+        if len(perm) == 4:  # in IR terms: to NHWC, the file's perm, back to NCHW
+            perm = [TO_FILE[perm[TO_IR[m]]] for m in range(4)]
+        self.bind(o, self.transpose(self.value(ins[0]), perm, self.fresh(self.tname(o))))
+
+    def softmax(self, ins, o, opt):
+        x = self.value(ins[0])
+        if abs(opt.Beta() - 1.0) > 1e-12:
+            if self.quantized:
+                self.refuse(f"has beta {opt.Beta()}; npuforge imports int8 SOFTMAX with beta 1 only")
+            x = self.emit("Mul", [x, self.add_const(f"{self.base}::beta", np.float32(opt.Beta()))],
+                          suffix="beta").outputs[0]
+        rank = len(self.file_shape(o))
+        self.with_activation(Act.NONE, o, "Softmax", [x], {"axis": self.axis(-1, rank)})
+
+    def unary(self, ins, o, opt, op):
+        self.with_activation(Act.NONE, o, op, [self.value(ins[0])])
+
+    def relu(self, ins, o, opt, code):
+        self.bind(o, self.activation(self.value(ins[0]), code, o, self.fresh(self.tname(o)), standalone=True))
+
+    def prelu(self, ins, o, opt):
+        rank = len(self.file_shape(o))
+        self.with_activation(Act.NONE, o, "PRelu", [self.value(ins[0]), self.value(ins[1], rank)])
+
+    def resize(self, ins, o, opt, mode):
+        align, half = bool(opt.AlignCorners()), bool(opt.HalfPixelCenters())
+        if align and half:
+            self.refuse("has both align_corners and half_pixel_centers")
+        coords = "align_corners" if align else "half_pixel" if half else "asymmetric"
+        # TF's nearest: floor((x + 0.5 * half) * in / out), or round half up with align_corners
+        nearest = "round_prefer_ceil" if align or half else "floor"
+        x = self.value(ins[0])
+        n, c = self.graph.values[x].shape[:2]
+        size = [int(s) for s in self.const(ins[1], "sizes").reshape(-1)]
+        self.with_activation(Act.NONE, o, "Resize", [x, "", "", self.int64s(f"{self.base}::sizes", [n, c, *size])],
+                             {"mode": mode, "coordinate_transformation_mode": coords, "nearest_mode": nearest})
+
+    def dequantize(self, ins, o, opt):
+        data = self.data(ins[0])
+        if data is None:
+            self.refuse("dequantizes an activation inside the model; npuforge imports float models and fully "
+                        "int8 ones")
+        p = self.qparams(ins[0], self.dtype(ins[0]))
+        self.folded[o] = (p.dequantize(data) if p is not None and data.dtype.kind in "iu"
+                          else data.astype(np.float32))
+
+    # builtin -> (method, options table, extra arguments)
+    HANDLERS = {
+        "CONV_2D": ("conv", "Conv2DOptions", False), "DEPTHWISE_CONV_2D": ("conv", "DepthwiseConv2DOptions", True),
+        "FULLY_CONNECTED": ("fully_connected", "FullyConnectedOptions"),
+        "ADD": ("elementwise", "AddOptions", "Add"), "SUB": ("elementwise", "SubOptions", "Sub"),
+        "MUL": ("elementwise", "MulOptions", "Mul"),
+        "AVERAGE_POOL_2D": ("pool", "Pool2DOptions", "AveragePool"), "MAX_POOL_2D": ("pool", "Pool2DOptions", "MaxPool"),
+        "CONCATENATION": ("concatenation", "ConcatenationOptions"), "MEAN": ("mean", "ReducerOptions"),
+        "PAD": ("pad", None), "PADV2": ("pad", None), "RESHAPE": ("reshape_op", None),
+        "TRANSPOSE": ("transpose_op", None), "SOFTMAX": ("softmax", "SoftmaxOptions"),
+        "LOGISTIC": ("unary", None, "Sigmoid"), "TANH": ("unary", None, "Tanh"),
+        "HARD_SWISH": ("unary", None, "HardSwish"), "RELU": ("relu", None, Act.RELU),
+        "RELU6": ("relu", None, Act.RELU6), "RELU_N1_TO_1": ("relu", None, Act.RELU_N1_TO_1),
+        "PRELU": ("prelu", None), "RESIZE_BILINEAR": ("resize", "ResizeBilinearOptions", "linear"),
+        "RESIZE_NEAREST_NEIGHBOR": ("resize", "ResizeNearestNeighborOptions", "nearest"),
+        "DEQUANTIZE": ("dequantize", None),
+    }
