@@ -75,18 +75,14 @@ from ..ops.registry import get_op
 from ..quant.requant import activation_code_bounds, multiplier_value, quantize_multiplier
 from .float_exec import check_feeds, last_uses
 from .int_ops import (NP_INT, TORCH_INT, conv_int64, exact_float_dtype, max_abs_code, requantize_fixedpoint,
-                      requantize_onnx, requantize_single, rounding_divide, rounding_divide_by_pot)
+                      requantize_onnx, requantize_single)
+from .integer_elementwise import ElementwiseKernels, f32
 
 ROUNDING_MODES = ("fixedpoint", "single", "onnx")
 ACCUMULATE = ("auto", "int64")  # auto: float kernels where proven exact, else int64
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
-_EXTRA_BITS = 20  # fractional bits kept by Add/Sub and pooling before their final rounding
-
-
-def _f32(x) -> np.ndarray:
-    return np.asarray(x, np.float32)
 
 
 def _channel_shape(arr: np.ndarray, ndim: int, axis: int) -> torch.Tensor:
@@ -96,13 +92,6 @@ def _channel_shape(arr: np.ndarray, ndim: int, axis: int) -> torch.Tensor:
     shape = [1] * ndim
     shape[axis] = -1
     return t.reshape(shape)
-
-
-def _extra_bits(max_abs: int, shifts) -> int:
-    """Fractional bits L such that max_abs * 2^L * 2^max(shift, 0) < 2^30 (at most 20)."""
-    left = int(max(0, int(np.max(shifts)))) if np.size(shifts) else 0
-    need = int(max_abs).bit_length() + left
-    return max(0, min(_EXTRA_BITS, 30 - need))
 
 
 def quantize_input(x: np.ndarray, p) -> np.ndarray:
@@ -115,7 +104,7 @@ def dequantize_output(q: np.ndarray, p) -> np.ndarray:
     return p.dequantize(q)
 
 
-class IntegerSimulator:
+class IntegerSimulator(ElementwiseKernels):
     """``IntegerSimulator(graph, rounding="fixedpoint").run(feeds)`` -> {output: float32 array}.
 
     ``accumulate="auto"`` runs integer convolutions and matrix products on float
@@ -320,7 +309,7 @@ class IntegerSimulator:
                 prep["Mneg"], prep["Sneg"] = mn.astype(np.int64), sn.astype(np.int64)
         else:
             ws = g.values[node.inputs[1]].quant.scale
-            prep["scale"] = (_f32(xq.scale) * _f32(ws)).astype(np.float32) / _f32(yq.scale)
+            prep["scale"] = (f32(xq.scale) * f32(ws)).astype(np.float32) / f32(yq.scale)
             if node.attrs.get("activation") == "LeakyRelu":
                 prep["scale_neg"] = (prep["scale"] * np.float32(node.attrs["activation_params"][0])).astype(np.float32)
         prep["bounds"] = self._act_bounds(node, yq)
@@ -419,117 +408,9 @@ class IntegerSimulator:
         if self.rounding != "onnx":
             y = self._R(acc, int(self._int(node, "multiplier")[0]), int(self._int(node, "shift")[0]))
         else:
-            scale = (_f32(aq.scale) * _f32(bq.scale)).astype(np.float32) / _f32(yq.scale)
+            scale = (f32(aq.scale) * f32(bq.scale)).astype(np.float32) / f32(yq.scale)
             y = requantize_onnx(acc, scale)
         return [self._store(y + int(yq.zero_point), yq)]
-
-    # -- elementwise ---------------------------------------------------------------------------
-    def _operand(self, node, k, env) -> torch.Tensor:
-        role = f"input{k}"
-        if role in node.quant:
-            return torch.from_numpy(self._int(node, role).astype(np.int64))
-        return self._as_codes(node.inputs[k], env).to(torch.int64)
-
-    def _elementwise(self, node, env) -> list:
-        qs = [self._q(i) for i in node.inputs[:2]]
-        yq = self._q(node.outputs[0])
-        xs = [self._operand(node, k, env) - int(qs[k].zero_point) for k in range(2)]
-        zy = int(yq.zero_point)
-        if self.rounding == "onnx":
-            return [self._store(self._elementwise_onnx(node, xs, qs, yq), yq)]
-        if node.op == "Mul":
-            y = self._R(xs[0] * xs[1], int(self._int(node, "multiplier")[0]),
-                                      int(self._int(node, "shift")[0]))
-            return [self._store(y + zy, yq)]
-        if node.op not in ("Add", "Sub"):
-            raise UnsupportedError(f"node '{node.name}': no integer rule for elementwise {node.op}")
-        if "multiplierout" in node.quant:
-            return [self._store(self._add_tflite(node, xs) + zy, yq)]
-        shifts = [int(self._int(node, f"shift{k}")[0]) for k in range(2)]
-        bits = min(_extra_bits(max_abs_code(qs[k]), shifts[k]) for k in range(2))
-        ts = [self._R(xs[k] << bits, int(self._int(node, f"multiplier{k}")[0]), shifts[k])
-              for k in range(2)]
-        total = ts[0] + ts[1] if node.op == "Add" else ts[0] - ts[1]
-        y = rounding_divide_by_pot(total, bits)
-        return [self._store(y + zy, yq)]
-
-    def _add_tflite(self, node, xs) -> torch.Tensor:
-        """TFLite's int8 ADD / SUB: each operand shifted left by ``left_shift`` bits and
-        rescaled by its own multiplier (to at most half the sum's scale), the sum (or
-        difference) requantized by the output multiplier."""
-        bits = int(self._int(node, "left_shift"))
-        ts = [self._R(xs[k] << bits, int(self._int(node, f"multiplier{k}")[0]), int(self._int(node, f"shift{k}")[0]))
-              for k in range(2)]
-        total = ts[0] + ts[1] if node.op == "Add" else ts[0] - ts[1]
-        return self._R(total, int(self._int(node, "multiplierout")[0]), int(self._int(node, "shiftout")[0]))
-
-    def _elementwise_onnx(self, node, xs, qs, yq) -> torch.Tensor:
-        """ONNX Runtime's QLinearAdd / QLinearMul arithmetic (com.microsoft), in float32."""
-        sa, sb, sy = _f32(qs[0].scale), _f32(qs[1].scale), _f32(yq.scale)
-        a, b = xs[0].to(torch.float32), xs[1].to(torch.float32)
-        if node.op == "Mul":
-            ratio = torch.tensor((sa * sb) / sy)
-            y = torch.round(a * b * ratio)
-        else:
-            ra, rb = torch.tensor(sa / sy), torch.tensor(sb / sy)
-            y = torch.round(a * ra + b * rb) if node.op == "Add" else torch.round(a * ra - b * rb)
-        return y.to(torch.int64) + int(yq.zero_point)
-
-    # -- pooling ---------------------------------------------------------------------------------
-    def _window_sums(self, node, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sum of x' over each window, element count of each window), both int64."""
-        op = node.op
-        if op == "GlobalAveragePool":
-            dims = tuple(range(2, x.dim()))
-            count = int(np.prod([x.shape[d] for d in dims]))
-            return x.sum(dim=dims, keepdim=True), torch.tensor(count)
-        if op in ("ReduceMean", "ReduceSum"):
-            axes_name = node.inputs[1] if len(node.inputs) > 1 else ""
-            axes = [int(v) % x.dim() for v in np.asarray(self.graph.values[axes_name].data).reshape(-1)] \
-                if axes_name else []
-            if not axes:
-                if node.attrs["noop_with_empty_axes"]:
-                    return x, torch.tensor(1)
-                axes = list(range(x.dim()))
-            count = int(np.prod([x.shape[d] for d in axes]))
-            return x.sum(dim=axes, keepdim=bool(node.attrs["keepdims"])), torch.tensor(count)
-        # exact: window sums of int16 codes are far below 2^53
-        total, count = get_op("AveragePool").window_sums(node, x.to(torch.float64))
-        return total.to(torch.int64), count.to(torch.int64)
-
-    def _pool(self, node, env) -> list:
-        xq, yq = self._q(node.inputs[0]), self._q(node.outputs[0])
-        x = self._as_codes(node.inputs[0], env).to(torch.int64) - int(xq.zero_point)
-        total, count = self._window_sums(node, x)
-        return [self._store(self.pool_output(node, total, count), yq)]
-
-    def pool_output(self, node, total: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-        """Output codes (int64, before saturation) of a pooling node from its window sums of
-        ``x - zp_x`` and their element counts."""
-        xq, yq = self._q(node.inputs[0]), self._q(node.outputs[0])
-        zy = int(yq.zero_point)
-        if "code_average" in node.quant:  # TFLite's AVERAGE_POOL_2D: the codes' own rounded mean
-            return rounding_divide(total + count * int(xq.zero_point), count)
-        if "divisor" in node.quant:  # 1: the count is folded into the multiplier (TFLite's MEAN)
-            divisor = torch.full_like(count, int(self._int(node, "divisor")))
-        else:
-            divisor = torch.ones_like(count) if node.op == "ReduceSum" else count  # a sum is a mean times its count
-        if self.rounding == "onnx":
-            if node.op in ("GlobalAveragePool", "ReduceMean", "ReduceSum"):
-                # MLAS QLinearGlobalAveragePool: float32(sum) * (s_x / (s_y * count)), half to even
-                n = np.float32(int(divisor))
-                scale = _f32(xq.scale) / (_f32(yq.scale) * n)
-                y = torch.round(total.to(torch.float32) * torch.tensor(scale)).to(torch.int64)
-            else:
-                # QLinearAveragePool: dequantize, average in float32, quantize
-                avg = (total.to(torch.float32) * torch.tensor(_f32(xq.scale))) / count.to(torch.float32)
-                y = torch.round(avg / torch.tensor(_f32(yq.scale))).to(torch.int64)
-            return y + zy
-        m, s = int(self._int(node, "multiplier")[0]), int(self._int(node, "shift")[0])
-        bits = int(self._int(node, "extra_bits")) if "extra_bits" in node.quant else \
-            _extra_bits(int(count.max()) * max_abs_code(xq), s)
-        t = self._R(total << bits, m, s)
-        return rounding_divide(t, divisor << bits) + zy
 
     # -- lut -------------------------------------------------------------------------------------
     def _table(self, node) -> torch.Tensor:
@@ -540,7 +421,7 @@ class IntegerSimulator:
             else:  # rebuilt from the float scales: dequantize every code, the float op, quantize
                 xq, yq = self._q(node.inputs[0]), self._q(node.outputs[0])
                 codes = np.arange(xq.qmin, xq.qmax + 1)
-                xf = torch.from_numpy((codes - np.int64(xq.zero_point)).astype(np.float32) * _f32(xq.scale))
+                xf = torch.from_numpy((codes - np.int64(xq.zero_point)).astype(np.float32) * f32(xq.scale))
                 extra = [None if not i else torch.from_numpy(np.array(self.graph.values[i].data))
                          for i in node.inputs[1:]]
                 yf = get_op(node.op).forward(node, [xf, *extra])[0].numpy()

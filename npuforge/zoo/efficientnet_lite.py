@@ -13,9 +13,7 @@ them to this module's names and the load is strict.
 
 from __future__ import annotations
 
-import importlib
 import re
-from pathlib import Path
 
 import torch
 from torch import nn
