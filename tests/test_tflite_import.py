@@ -321,14 +321,7 @@ KERNEL_CASES = {  # (op, options, output parameters, fields)
 }
 
 
-# LiteRT's RELU rescales by float32(s_x / s_y) (a float division, then double); the quantizer's
-# relu_table divides in float64, a multiplier 5 ulps off here: 16 of 90 codes one too low
-_RELU_RATIO = pytest.mark.xfail(reason="quant/tflite_tables.relu_table divides the scales in float64, LiteRT in "
-                                       "float32", strict=False)
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, marks=_RELU_RATIO) if c == "relu6" else c
-                                  for c in sorted(KERNEL_CASES)])
+@pytest.mark.parametrize("case", sorted(KERNEL_CASES))
 def test_int8_activation_ops_match_litert(case):
     """The imported node's integers are the quantizer's under tflite_multipliers (tables of TFLite's
     kernels, its integer softmax): LiteRT's codes."""

@@ -60,7 +60,7 @@ def _codes(p: QParams) -> np.ndarray:
 
 def relu_table(xq: QParams, yq: QParams, lo: float | None, hi: float | None) -> np.ndarray:
     """TFLite's quantized RELU (lo 0), RELU6 (0, 6) or RELU_N1_TO_1 (-1, 1) over every input code."""
-    m, s = quantize_multiplier(np.float64(np.float32(xq.scale)) / np.float64(np.float32(yq.scale)))
+    m, s = quantize_multiplier(np.float64(np.float32(xq.scale) / np.float32(yq.scale)))  # float32, as LiteRT
     zy = int(yq.zero_point)
     y = zy + _mbqm(_codes(xq) - int(xq.zero_point), int(m), int(s))
 
