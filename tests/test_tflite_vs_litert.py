@@ -269,3 +269,9 @@ def test_integer_bilinear_is_within_a_code_of_the_float_op():
     ours = IntegerSimulator(q).run({q.inputs[0]: x}, dequantize=False)[q.outputs[0]].astype(np.int64)
     fake = p.quantize(np.asarray(run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]])).astype(np.int64)
     assert np.abs(ours - fake).max() <= 1 and np.mean(ours == fake) > 0.9
+
+
+@pytest.mark.parametrize("perm", [(0, 2, 3, 1), (0, 1, 3, 2), (0, 3, 1, 2)])
+def test_transpose(perm):
+    assert_bit_exact(nn.Sequential(nn.Conv2d(3, 4, 1), Lambda(lambda x: x.permute(*perm).contiguous())),
+                     [(1, 3, 5, 6)])

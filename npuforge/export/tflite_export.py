@@ -353,6 +353,23 @@ class _Exporter:
         self.op("RESHAPE", [src, self.int32s(f"{y}::shape", new)], [self.activation(y)], "ReshapeOptions",
                 NewShape=list(new))
 
+    def transpose(self, node):
+        """TRANSPOSE with the permutation moved into the file's layouts (NHWC for 4-D tensors);
+        one that leaves the file's element order alone is a RESHAPE."""
+        x, y = node.inputs[0], node.outputs[0]
+        rank = len(self.dims(x))
+        perm = [int(p) % rank for p in (node.attrs.get("perm") or reversed(range(rank)))]
+        px = list(_NCHW_TO_NHWC) if rank == 4 else list(range(rank))  # file axis -> IR axis
+        py = list(_NCHW_TO_NHWC) if len(self.dims(y)) == 4 else list(range(rank))
+        inv_px = np.argsort(px)
+        file_perm = [int(inv_px[perm[py[i]]]) for i in range(rank)]
+        if file_perm == list(range(rank)):
+            self.op("RESHAPE", [self.activation(x), self.int32s(f"{y}::shape", self.shape(y))], [self.activation(y)],
+                    "ReshapeOptions", NewShape=list(self.shape(y)))
+            return
+        self.op("TRANSPOSE", [self.activation(x), self.int32s(f"{node.name}::perm", file_perm)], [self.activation(y)],
+                "TransposeOptions", version=2)
+
     def concat(self, node):
         rank = len(self.g.values[node.outputs[0]].shape)
         axis = node.attrs["axis"] % rank
@@ -449,7 +466,7 @@ class _Exporter:
                 "ReduceMean": mean, "AveragePool": pool, "MaxPool": pool, "Flatten": reshape, "Reshape": reshape,
                 "Squeeze": reshape, "Unsqueeze": reshape, "Concat": concat, "Pad": pad, "Relu": activation_op,
                 "Clip": activation_op, "Sigmoid": activation_op, "Tanh": activation_op, "HardSwish": activation_op,
-                "Resize": resize, "Softmax": softmax}
+                "Resize": resize, "Softmax": softmax, "Transpose": transpose}
 
     # -- graph -------------------------------------------------------------------------
     def boundary(self, name: str, output: bool) -> int:
@@ -470,7 +487,7 @@ class _Exporter:
             if handler is None:
                 _refuse(node, "no TFLite mapping for this op yet (docs/tflite.md lists the ops written)")
             if not node.quant and node.op not in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Concat", "Pad",
-                                                  "MaxPool", "Resize"):
+                                                  "MaxPool", "Resize", "Transpose"):
                 _refuse(node, "it was kept in float")
             handler(self, node)
         outputs = [self.boundary(name, output=True) for name in g.outputs]
