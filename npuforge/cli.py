@@ -227,7 +227,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="npuforge",
-        description="Take a trained network (ONNX file, PyTorch module, zoo model) to an int8 NPU program.",
+        description="Take a trained network (ONNX or TFLite file, PyTorch module, zoo model) to an int8 NPU program.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -235,14 +235,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="inputs, outputs, op histogram, parameters and MACs of a model",
                        description="Print what is in a model: inputs and outputs with shapes, the op histogram, "
                                    "the parameter count and the multiply-accumulates per sample.")
-    p.add_argument("model", help="an ONNX file or a saved npuforge IR")
+    p.add_argument("model", help="an ONNX file, a .tflite file or a saved npuforge IR")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("check", help="check a model's IR: references, order, cycles, attributes, shapes",
                        description="Import (or load) a model and run the IR checker; prints each problem with "
                                    "the node it concerns. Exit 0 when sound, 1 when problems were found.")
-    p.add_argument("model", help="an ONNX file or a saved npuforge IR")
+    p.add_argument("model", help="an ONNX file, a .tflite file or a saved npuforge IR")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("run", help="run a model (float, fake-quant or integer) on .npy inputs",
@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "input value's parameters (an integer .npy of the input's quantized dtype is "
                                    "taken as codes) and the outputs are dequantized to float32 (--codes keeps "
                                    "them as integers).")
-    p.add_argument("model", help="an ONNX file or a saved npuforge IR")
+    p.add_argument("model", help="an ONNX file, a .tflite file or a saved npuforge IR")
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                    help="an input tensor (repeat for several inputs; NAME= may be left out for a one-input model)")
     p.add_argument("--output", metavar="OUT.npz", help="write the outputs to this .npz file")
@@ -276,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Classify a folder of images and print top-1 and top-5. A float model runs "
                                    "in float, a quantized IR in fake-quant (--engine npuforge) or as QDQ in ONNX "
                                    "Runtime (--engine ort); an ONNX file with --engine ort runs as it is.")
-    p.add_argument("model", help="a zoo name, an ONNX file (float or QDQ) or a saved IR (float or quantized)")
+    p.add_argument("model", help="a zoo name, an ONNX file (float or QDQ), a .tflite file (float or int8) or a saved "
+                                 "IR (float or quantized)")
     p.add_argument("--data", required=True, metavar="DIR", help="images (class subfolders or <wnid>_name files)")
     p.add_argument("--class-table", metavar="TSV", help="class table for flat folders (index, wnid, name)")
     p.add_argument("--engine", default="npuforge", choices=("npuforge", "ort", "int"),

