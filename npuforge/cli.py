@@ -187,7 +187,13 @@ def cmd_eval(args) -> int:
         graph = resolve_model(args.model, args.preprocess, log=stderr_log,
                               input_shapes=parse_input_shapes(args.input_shape))
         forward = forward_of(graph, args.engine, sim_engine=args.sim_engine)
-    dataset = ImageDataset(args.data, args.class_table, limit=args.limit, skip=args.skip)
+    table = args.class_table
+    if table is None and "class_table" in graph.metadata:  # a training run's classes
+        from .zoo.data import ClassTable
+
+        ct = graph.metadata["class_table"]
+        table = ClassTable(tuple(ct["wnids"]), tuple(ct["names"]), source=args.model)
+    dataset = ImageDataset(args.data, table, limit=args.limit, skip=args.skip)
     if args.engine == "ort" and "quantization" in graph.metadata and not args.json:
         from .workflow import ORT_VNNI_NOTE, cpu_lacks_vnni
 

@@ -53,13 +53,37 @@ def zoo_graph(name: str, log=None):
     return graph
 
 
+def run_graph(path):
+    """A training run's checkpoint (``npuforge zoo train``) exported and imported, with its
+    preprocessing and class table."""
+    import onnx
+    import torch
+
+    from . import export_onnx, import_onnx
+    from .train.checkpoint import class_table_of, model_from
+
+    model, classes, preprocess = model_from(path)
+    size = preprocess["crop_size"]
+    buffer = io.BytesIO()
+    export_onnx(model, torch.zeros(1, 3, *size), buffer, input_names=("input",), output_names=("logits",))
+    graph = import_onnx(onnx.load_from_string(buffer.getvalue()), name=Path(path).stem)
+    table = class_table_of(path)
+    graph.metadata["preprocess"] = {**preprocess, "source": f"run:{path}"}
+    graph.metadata["class_table"] = {"wnids": list(table.wnids), "names": list(table.names)}
+    return graph
+
+
 def resolve_model(spec: str, preprocess: str | None = None, log=None, input_shapes: dict | None = None):
     """MODEL argument -> Graph with metadata["preprocess"] set."""
     from . import load
     from .zoo import get_config, list_models
 
+    from .train.checkpoint import is_run_checkpoint
+
     path = Path(spec)
-    if not path.exists() and spec in list_models():
+    if is_run_checkpoint(path):
+        graph = run_graph(path)
+    elif not path.exists() and spec in list_models():
         if input_shapes:
             raise NpuforgeError(f"{spec}: zoo models have static input shapes; --input-shape is for ONNX files")
         graph = zoo_graph(spec, log)

@@ -21,8 +21,23 @@ from pathlib import Path
 from ..errors import NpuforgeError
 
 
+def _run_checkpoint(args):
+    """``name`` may be a training run's checkpoint (``npuforge zoo train``): its model, else None."""
+    from ..train.checkpoint import is_run_checkpoint, model_from
+
+    if not is_run_checkpoint(args.name):
+        return None
+    model, _, preprocess = model_from(args.name)
+    model.run_preprocess = preprocess
+    return model
+
+
 def _build(args, *, default_pretrained: bool = True):
     from .registry import create_model, get_config
+
+    model = _run_checkpoint(args)
+    if model is not None:
+        return model
 
     config = get_config(args.name)  # unknown name -> NpuforgeError with close matches
     kwargs = {}
@@ -72,10 +87,20 @@ def cmd_eval(args) -> int:
     from .registry import get_config
     from .transforms import eval_transform
 
-    get_config(args.name)  # a misspelt model name fails before the folder is scanned
-    dataset = ImageDataset(args.data, class_table=args.class_table, limit=args.limit)
-    model = _build(args)
-    transform = eval_transform(model.zoo_config, args.image_size)
+    from ..train.checkpoint import class_table_of
+
+    model = _run_checkpoint(args)
+    if model is None:
+        get_config(args.name)  # a misspelt model name fails before the folder is scanned
+    table = args.class_table or (class_table_of(args.name) if model is not None else None)
+    dataset = ImageDataset(args.data, class_table=table, limit=args.limit)
+    if model is None:
+        model = _build(args)
+        transform = eval_transform(model.zoo_config, args.image_size)
+    else:
+        from ..workflow import transform_of
+
+        transform = transform_of(model.run_preprocess)
     result = evaluate(model, dataset, transform, batch_size=args.batch_size, workers=args.workers,
                       progress=not args.quiet, name=args.name)
     for line in result.skipped_files:
@@ -166,7 +191,8 @@ def _positive_int(text: str) -> int:
 
 
 def _model_options(p, pretrained_help: str) -> None:
-    p.add_argument("name", help="a zoo model name (`npuforge zoo list`)")
+    p.add_argument("name", help="a zoo model name (`npuforge zoo list`), or a training run's checkpoint "
+                                "(RUN_DIR/best.pt of `npuforge zoo train`)")
     p.add_argument("--pretrained", action=argparse.BooleanOptionalAction, default=None, help=pretrained_help)
     p.add_argument("--checkpoint", metavar="FILE", help="load these weights (state dict, .pth or .safetensors) "
                    "strictly after building")
@@ -178,9 +204,9 @@ def _model_options(p, pretrained_help: str) -> None:
 
 def add_zoo_parser(subparsers) -> None:
     """Add ``npuforge zoo ...`` to the top-level CLI's subparsers."""
-    zoo = subparsers.add_parser("zoo", help="model zoo: list, evaluate, export and run reference models",
-                                description="Reference models (EfficientNet-Lite with ImageNet weights, MobileNetV2, "
-                                            "ResNet, ShuffleNetV2) to evaluate, export and quantize.")
+    zoo = subparsers.add_parser("zoo", help="model zoo: list, train, evaluate, export and run reference models",
+                                description="Reference models (EfficientNet-Lite and MobileNetV2 with ImageNet weights, "
+                                            "ResNet, ShuffleNetV2) to train, evaluate, export and quantize.")
     sub = zoo.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND")
     sub.required = True
 
@@ -211,6 +237,10 @@ def add_zoo_parser(subparsers) -> None:
     p.add_argument("--output", "-o", required=True, metavar="FILE.onnx", help="where to write the model")
     p.add_argument("--opset", type=_positive_int, default=17, help="ONNX opset (default 17)")
     p.set_defaults(func=cmd_export)
+
+    from ..train.cli import add_train_parser
+
+    add_train_parser(sub)
 
     p = sub.add_parser("predict", help="top-5 classes of some images",
                        description="Classify images with a zoo model and print the top classes with names.")

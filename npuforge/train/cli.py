@@ -1,0 +1,118 @@
+"""``npuforge zoo train``: train or fine-tune a zoo model on a folder of images."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ..errors import NpuforgeError
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not {'an integer' if kind is int else 'a number'}") \
+                from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{value} must be positive")
+        return value
+    return parse
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
+    return value
+
+
+def add_train_parser(sub) -> None:
+    p = sub.add_parser(
+        "train", help="train or fine-tune a zoo model on a folder of images (one process, or many via torchrun)",
+        description="Train a zoo model on DIR (one subfolder per class, or ImageNet-style <wnid>_name files): "
+                    "random resized crops and flips, SGD or AdamW with warm-up and a cosine schedule, label "
+                    "smoothing, optional EMA, mixup / cutmix, AMP; validation after each epoch counted exactly "
+                    "over processes; last.pt, best.pt and the top-k epochs in --output, with metrics.jsonl, "
+                    "summary.csv and curves.png. --resume continues from last.pt, mid-epoch, to the same "
+                    "weights bit for bit as an uninterrupted run. Many processes: torchrun --nproc_per_node N "
+                    "-m npuforge zoo train ... (gloo on CPU, nccl on GPU); --batch-size is per process.")
+    p.add_argument("name", help="a zoo model name (`npuforge zoo list`)")
+    p.add_argument("--data", required=True, metavar="DIR", help="training images")
+    p.add_argument("--val", metavar="DIR", help="validation images (default: a seeded --val-split of --data)")
+    p.add_argument("--val-split", type=_positive(float), default=0.2, metavar="F",
+                   help="fraction of each class held out for validation when --val is not given (default 0.2)")
+    p.add_argument("--output", "-o", required=True, metavar="RUN_DIR", help="where checkpoints and records go")
+    p.add_argument("--pretrained", action=argparse.BooleanOptionalAction, default=None,
+                   help="start from the published weights (default: yes when the model has them); a classifier "
+                        "of another class count is re-initialised, and the log says so")
+    p.add_argument("--num-classes", type=_positive(int), metavar="N", help="must equal the folder's class count "
+                   "(the default)")
+    p.add_argument("--epochs", type=_positive(int), default=10, metavar="N", help="default 10")
+    p.add_argument("--batch-size", type=_positive(int), default=32, metavar="N", help="images per process and step "
+                   "(default 32)")
+    lr = p.add_mutually_exclusive_group()
+    lr.add_argument("--lr", type=_positive(float), metavar="LR", help="learning rate")
+    lr.add_argument("--lr-base", type=_positive(float), default=0.1, metavar="LR",
+                    help="learning rate per 256 images: lr = lr-base x global batch / 256 (default 0.1; logged)")
+    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="default sgd (Nesterov, momentum 0.9)")
+    p.add_argument("--weight-decay", type=_non_negative, default=5e-5, metavar="WD",
+                   help="on weights only, not on biases and normalization parameters (default 5e-5)")
+    p.add_argument("--warmup-epochs", type=_non_negative, default=0.0, metavar="E", help="linear warm-up (default 0)")
+    p.add_argument("--label-smoothing", type=_non_negative, default=0.1, metavar="S", help="default 0.1")
+    p.add_argument("--ema", type=_non_negative, default=0.0, metavar="DECAY",
+                   help="keep an exponential moving average of the weights with this per-step decay (e.g. 0.999); "
+                        "validation and checkpoints' EMA use it (default: off)")
+    p.add_argument("--amp", action="store_true", help="mixed precision: bfloat16 on CPU, float16 on CUDA")
+    p.add_argument("--clip-grad", type=_non_negative, default=0.0, metavar="NORM", help="clip the gradient norm "
+                   "(default: off)")
+    p.add_argument("--mixup", type=_non_negative, default=0.0, metavar="ALPHA", help="mixup Beta(alpha, alpha)")
+    p.add_argument("--cutmix", type=_non_negative, default=0.0, metavar="ALPHA", help="cutmix Beta(alpha, alpha)")
+    p.add_argument("--sync-bn", action="store_true", help="synchronized BatchNorm across processes")
+    p.add_argument("--seed", type=int, default=0, help="every random choice follows from it (default 0)")
+    p.add_argument("--workers", type=int, default=2, metavar="N", help="image decoding processes (spawned; 0: in the "
+                   "main process; default 2)")
+    p.add_argument("--max-bad-steps", type=_positive(int), default=10, metavar="N",
+                   help="stop after N steps in a row with a non-finite loss or gradient (each is skipped; default 10)")
+    p.add_argument("--keep", type=_positive(int), default=3, metavar="K", help="keep the K best epochs' checkpoints")
+    p.add_argument("--save-every", type=int, default=0, metavar="STEPS",
+                   help="also checkpoint every STEPS steps within an epoch (default: at epoch ends)")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/last.pt")
+    p.add_argument("--image-size", type=_positive(int), metavar="PX",
+                   help="training and validation crop size (default: the model's; resize = size / crop_pct)")
+    p.add_argument("--json", action="store_true", help="print the final record as JSON")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(args) -> int:
+    from ..zoo import get_config
+    from .loop import TrainConfig, train
+
+    config = get_config(args.name)
+    pretrained = config.has_weights if args.pretrained is None else args.pretrained
+    if pretrained and not config.has_weights:
+        raise NpuforgeError(f"{args.name} has no pretrained weights; train with --no-pretrained")
+    cfg = TrainConfig(model=args.name, data=args.data, output=args.output, val=args.val, val_split=args.val_split,
+                      pretrained=pretrained, num_classes=args.num_classes, epochs=args.epochs,
+                      batch_size=args.batch_size, lr=args.lr, lr_base=args.lr_base, optimizer=args.optimizer,
+                      weight_decay=args.weight_decay, warmup_epochs=args.warmup_epochs,
+                      label_smoothing=args.label_smoothing, ema=args.ema, amp=args.amp, clip_grad=args.clip_grad,
+                      mixup=args.mixup, cutmix=args.cutmix, seed=args.seed, workers=args.workers,
+                      max_bad_steps=args.max_bad_steps, keep=args.keep, sync_bn=args.sync_bn,
+                      save_every=args.save_every, resume=args.resume, image_size=args.image_size)
+    result = train(cfg, log=lambda m: print(m, file=sys.stderr, flush=True), progress=not args.quiet)
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun the first process reports
+        return 0
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items()}, indent=2, default=str))
+    elif not result.get("stopped"):
+        print(f"best validation top-1 {result['best_top1']:.2f} % (epoch {result['best_epoch']}); "
+              f"checkpoints in {result['output']} (best.pt, last.pt)")
+    return 0

@@ -1,0 +1,452 @@
+"""The one training loop (``npuforge zoo train``; QAT reuses it): a zoo model on a folder
+of images, on one process or many, with exact evaluation and exact resume.
+
+Determinism. Data order, crops, flips and mixup are functions of (seed, epoch, index)
+(see :mod:`npuforge.train.data`); dropout and stochastic depth draw from torch's RNG,
+whose state a checkpoint keeps; the loader's workers get their seeds from a generator of
+their own, not from torch's global one. So a run stopped after step k and resumed from
+its checkpoint takes the same steps as one that never stopped, and ends with the same
+weights bit for bit (CPU, the same thread count).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import NpuforgeError
+from . import checkpoint as ckpt
+from .data import BatchPlan, SampleSet, TrainTransform, collate, eval_batches, rng_for, split_samples
+from .distributed import Distributed
+
+OPTIMIZERS = ("sgd", "adamw")
+
+
+@dataclass
+class TrainConfig:
+    model: str
+    data: str
+    output: str
+    val: str | None = None
+    val_split: float = 0.2
+    pretrained: bool = True
+    num_classes: int | None = None  # default: the folder's
+    epochs: int = 10
+    batch_size: int = 32  # per process
+    lr: float | None = None  # default: lr_base x global batch / 256
+    lr_base: float = 0.1
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 5e-5
+    warmup_epochs: float = 0.0
+    label_smoothing: float = 0.1
+    ema: float = 0.0  # decay per step; 0: no EMA
+    amp: bool = False
+    clip_grad: float = 0.0
+    mixup: float = 0.0  # Beta(alpha, alpha); 0: off
+    cutmix: float = 0.0
+    seed: int = 0
+    workers: int = 2
+    max_bad_steps: int = 10
+    keep: int = 3  # top-k epoch checkpoints
+    sync_bn: bool = False
+    save_every: int = 0  # steps between mid-epoch checkpoints; 0: at epoch ends only
+    resume: bool = False
+    image_size: int | None = None  # crop size of the transforms (default: the model's); lite models get it too
+    model_kwargs: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.optimizer not in OPTIMIZERS:
+            raise NpuforgeError(f"--optimizer {self.optimizer}: one of {', '.join(OPTIMIZERS)}")
+        for name in ("epochs", "batch_size", "max_bad_steps", "keep"):
+            if getattr(self, name) < 1:
+                raise NpuforgeError(f"--{name.replace('_', '-')} {getattr(self, name)}: give a positive number")
+        for name in ("weight_decay", "warmup_epochs", "ema", "clip_grad", "mixup", "cutmix", "label_smoothing",
+                     "workers", "save_every"):
+            if getattr(self, name) < 0:
+                raise NpuforgeError(f"--{name.replace('_', '-')} {getattr(self, name)}: give a value >= 0")
+        if self.ema >= 1:
+            raise NpuforgeError(f"--ema {self.ema}: a decay below 1 (e.g. 0.999)")
+
+
+def _folder_samples(root: str, what: str):
+    from ..zoo.data import ImageDataset, _is_image
+
+    ds = ImageDataset(root)
+    if ds.layout == "imagefolder":
+        empty = [d.name for d in sorted(Path(root).iterdir())
+                 if d.is_dir() and not d.name.startswith(".") and not any(_is_image(p) for p in d.iterdir())]
+        if empty:
+            raise NpuforgeError(f"{root}: class folder(s) {', '.join(empty[:5])} hold no images; add images or "
+                                f"remove the folder ({what})")
+    return ds
+
+
+def _datasets(cfg: TrainConfig, log):
+    """(train samples, val samples, class names, class ids): names and labels from the
+    folder; ids are the wnids of a class table (ImageNet-style data), else the names."""
+    ds = _folder_samples(cfg.data, "--data")
+    used = sorted({label for _, label in ds.samples})
+    if ds.layout == "flat" or ds.class_table is not None:
+        classes = [ds.classes[i] for i in used]  # only the classes the folder has
+        ids = [ds.class_table.wnids[i] for i in used]
+        remap = {old: new for new, old in enumerate(used)}
+    else:
+        classes, remap = list(ds.classes), {i: i for i in used}
+        ids = list(classes)
+    samples = [(str(p), remap[label]) for p, label in ds.samples]
+    if cfg.val:
+        vd = _folder_samples(cfg.val, "--val")
+        names = [vd.classes[label] for _, label in vd.samples]
+        unknown = sorted(set(names) - set(classes))
+        if unknown:
+            raise NpuforgeError(f"--val {cfg.val}: class(es) {unknown[:5]} are not in --data {cfg.data}")
+        index = {n: i for i, n in enumerate(classes)}
+        val = [(str(p), index[n]) for (p, _), n in zip(vd.samples, names)]
+        train = samples
+    else:
+        train, val = split_samples(samples, cfg.val_split, cfg.seed)
+        log(f"validation: a seeded {cfg.val_split:.0%} of each class ({len(val)} images), training on {len(train)}")
+    return train, val, classes, ids
+
+
+def _param_groups(model, weight_decay: float):
+    """Weight decay on weights only: biases and normalization parameters (1-D) go without."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
+    rest = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}]
+
+
+def _schedule(total: int, warmup: int):
+    """Linear warm-up to the full rate over ``warmup`` steps, then cosine to zero."""
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        t = (step - warmup) / max(1, total - warmup)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+    return factor
+
+
+class _EMA:
+    def __init__(self, model, decay: float):
+        self.decay, self.model = decay, copy.deepcopy(model).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model) -> None:
+        for e, p in zip(self.model.state_dict().values(), model.state_dict().values()):
+            if e.dtype.is_floating_point:
+                e.mul_(self.decay).add_(p.detach(), alpha=1 - self.decay)
+            else:
+                e.copy_(p)
+
+
+def _mix(x, y, cfg: TrainConfig, epoch: int, step: int, num_classes: int):
+    """Mixup / cutmix of one batch (seeded by epoch and step): inputs and soft targets."""
+    target = F.one_hot(y, num_classes).to(x.dtype)
+    if not (cfg.mixup or cfg.cutmix) or len(y) < 2:
+        return x, target
+    rng = rng_for(cfg.seed, 3, epoch, step)
+    use_cutmix = cfg.cutmix > 0 and (cfg.mixup == 0 or rng.uniform() < 0.5)
+    lam = float(rng.beta(cfg.cutmix, cfg.cutmix) if use_cutmix else rng.beta(cfg.mixup, cfg.mixup))
+    perm = torch.from_numpy(rng.permutation(len(y)))
+    if use_cutmix:
+        h, w = x.shape[2:]
+        ch, cw = int(h * math.sqrt(1 - lam)), int(w * math.sqrt(1 - lam))
+        cy, cx = int(rng.integers(0, h)), int(rng.integers(0, w))
+        y0, y1, x0, x1 = max(cy - ch // 2, 0), min(cy + ch // 2, h), max(cx - cw // 2, 0), min(cx + cw // 2, w)
+        x = x.clone()
+        x[:, :, y0:y1, x0:x1] = x[perm, :, y0:y1, x0:x1]
+        lam = 1 - (y1 - y0) * (x1 - x0) / (h * w)
+    else:
+        x = lam * x + (1 - lam) * x[perm]
+    return x, lam * target + (1 - lam) * target[perm]
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, log=print, progress: bool = True):
+        self.cfg, self.progress = cfg, progress
+        self.dist = Distributed.from_env()
+        self.log = log if self.dist.main else (lambda msg: None)
+        self.out = Path(cfg.output)
+        self.stop_requested = False
+
+    # -- set-up --------------------------------------------------------------------------
+    def build(self):
+        from ..zoo import create_model, get_config
+        from ..workflow import preprocess_of
+
+        cfg, d = self.cfg, self.dist
+        torch.manual_seed(cfg.seed)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        train, val, self.classes, self.class_ids = _datasets(cfg, self.log)
+        n = cfg.num_classes or len(self.classes)
+        if n != len(self.classes):
+            raise NpuforgeError(f"--num-classes {n}: the folder {cfg.data} has {len(self.classes)} classes")
+        self.plan = BatchPlan(len(train), cfg.batch_size, d.world, cfg.seed)
+        if self.plan.steps_per_epoch == 0:
+            raise NpuforgeError(f"{cfg.data}: {len(train)} training images are fewer than one batch of "
+                                f"{cfg.batch_size} x {d.world} process(es); lower --batch-size")
+        zoo_config = get_config(cfg.model)
+        self.preprocess = preprocess_of(zoo_config)
+        if cfg.image_size:
+            size = cfg.image_size
+            self.preprocess.update(crop_size=[size, size], resize_size=int(round(size / zoo_config.crop_pct)))
+            if cfg.model.startswith("efficientnet_lite"):  # static TF padding: built for its input size
+                cfg.model_kwargs = {**cfg.model_kwargs, "image_size": size}
+        import warnings
+
+        with warnings.catch_warnings():  # a re-initialised classifier is logged by the registry already
+            warnings.simplefilter("ignore", UserWarning)
+            model = create_model(cfg.model, pretrained=cfg.pretrained, num_classes=n, **cfg.model_kwargs)
+        pp = self.preprocess
+        transform = TrainTransform(tuple(pp["crop_size"]), pp["mean"], pp["std"], pp["interpolation"])
+        from ..workflow import transform_of
+
+        self.train_set = SampleSet(train, transform, cfg.seed, train=True)
+        self.val_set = SampleSet(val, transform_of(pp), cfg.seed, train=False)
+        model = model.to(d.device)
+        if cfg.sync_bn and d.active:
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        self.model = model
+        self.net = torch.nn.parallel.DistributedDataParallel(model) if d.active else model
+        global_batch = cfg.batch_size * d.world
+        self.lr = cfg.lr if cfg.lr is not None else cfg.lr_base * global_batch / 256
+        self.log(f"{cfg.model}: {n} classes, {len(train)} training images, {len(val)} validation, "
+                 f"{d.world} process(es) x batch {cfg.batch_size} = {global_batch}; lr {self.lr:g}"
+                 + ("" if cfg.lr is not None else f" (= lr-base {cfg.lr_base:g} x {global_batch} / 256)"))
+        groups = _param_groups(model, cfg.weight_decay)
+        self.opt = torch.optim.SGD(groups, lr=self.lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0) \
+            if cfg.optimizer == "sgd" else torch.optim.AdamW(groups, lr=self.lr)
+        total = cfg.epochs * self.plan.steps_per_epoch
+        warmup = int(round(cfg.warmup_epochs * self.plan.steps_per_epoch))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _schedule(total, warmup))
+        self.ema = _EMA(model, cfg.ema) if cfg.ema else None
+        self.state = {"epoch": 0, "step": 0, "global_step": 0, "history": [], "ranking": [], "bad_steps": 0,
+                      "skipped_images": 0}
+        if cfg.resume:
+            self._resume()
+
+    def _resume(self):
+        path = self.out / "last.pt"
+        if not path.is_file():
+            raise NpuforgeError(f"--resume: {path} does not exist; start without --resume")
+        state = ckpt.load(path)
+        saved = state.get("config", {})
+        for key in ("model", "batch_size", "seed", "epochs", "optimizer"):
+            if key in saved and saved[key] != getattr(self.cfg, key):
+                raise NpuforgeError(f"--resume: {path} was trained with {key}={saved[key]!r}, this run has "
+                                    f"{getattr(self.cfg, key)!r}; resume with the same settings")
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        if self.ema is not None and state.get("ema") is not None:
+            self.ema.model.load_state_dict(state["ema"])
+        torch.set_rng_state(state["rng"]["torch"])
+        self.state = dict(state["progress"])
+        self.log(f"resumed from {path}: epoch {self.state['epoch'] + 1}, step {self.state['step']}")
+
+    # -- one epoch -----------------------------------------------------------------------
+    def _loader(self, batches, dataset):
+        workers = self.cfg.workers
+        return torch.utils.data.DataLoader(
+            dataset, batch_sampler=batches, num_workers=workers, collate_fn=collate,
+            multiprocessing_context="spawn" if workers else None, generator=torch.Generator().manual_seed(0))
+
+    def _checkpoint(self, name: str, metric: float | None = None) -> None:
+        if not self.dist.main:
+            return
+        state = {"model_name": self.cfg.model, "model_kwargs": self.cfg.model_kwargs, "classes": self.classes,
+                 "class_ids": self.class_ids,
+                 "preprocess": self.preprocess, "config": asdict(self.cfg), "model": self.model.state_dict(),
+                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                 "ema": self.ema.model.state_dict() if self.ema else None, "rng": {"torch": torch.get_rng_state()},
+                 "progress": self.state, "metric": metric}
+        ckpt.save(state, self.out / name)
+
+    def train_epoch(self, epoch: int, stop_after_step: int | None) -> dict:
+        cfg, d = self.cfg, self.dist
+        self.net.train()
+        start = self.state["step"]
+        batches = list(self.plan.batches(epoch, d.rank, start))
+        bar = None
+        if self.progress and d.main:
+            from tqdm import tqdm
+
+            bar = tqdm(total=self.plan.steps_per_epoch, initial=start, desc=f"epoch {epoch + 1}/{cfg.epochs}",
+                       unit="step", leave=False)
+        t0 = time.perf_counter()
+        self.state.setdefault("epoch_loss", 0.0)
+        self.state.setdefault("epoch_seen", 0)
+        autocast = torch.autocast(d.device.type, dtype=torch.bfloat16 if d.device.type == "cpu" else torch.float16,
+                                  enabled=cfg.amp)
+        for step, (x, y, skipped) in enumerate(self._loader(batches, self.train_set), start):
+            self.state["skipped_images"] += skipped
+            x, y = x.to(d.device), y.to(d.device)
+            x, target = _mix(x, y, cfg, epoch, step, len(self.classes))
+            with autocast:
+                logits = self.net(x)
+                loss = F.cross_entropy(logits.float(), target, label_smoothing=cfg.label_smoothing)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad or float("inf"))
+            if d.any(not (torch.isfinite(loss) and torch.isfinite(norm))):
+                self.state["bad_steps"] += 1
+                self.state["skipped_steps"] = self.state.get("skipped_steps", 0) + 1
+                self.log(f"epoch {epoch + 1} step {step + 1}: non-finite loss or gradient; step skipped "
+                         f"({self.state['bad_steps']} in a row)")
+                if self.state["bad_steps"] >= cfg.max_bad_steps:
+                    raise NpuforgeError(f"training stopped: {cfg.max_bad_steps} steps in a row had a non-finite "
+                                        f"loss or gradient (lower --lr, or add --clip-grad); the last good "
+                                        f"checkpoint is {self.out / 'last.pt'}")
+            else:
+                self.state["bad_steps"] = 0
+                self.opt.step()
+                self.sched.step()  # a skipped step does not advance the schedule
+                if self.ema:
+                    self.ema.update(self.model)
+            self.state["step"], self.state["global_step"] = step + 1, self.state["global_step"] + 1
+            if torch.isfinite(loss):
+                self.state["epoch_loss"] += float(loss.detach()) * len(y)
+                self.state["epoch_seen"] += len(y)
+            if bar is not None:
+                rate = (step + 1 - start) * cfg.batch_size * d.world / (time.perf_counter() - t0)
+                bar.set_postfix(loss=f"{float(loss):.3f}", lr=f"{self.sched.get_last_lr()[0]:.2e}", img_s=f"{rate:.1f}")
+                bar.update(1)
+            last = step + 1 == self.plan.steps_per_epoch
+            if not last and ((cfg.save_every and (step + 1) % cfg.save_every == 0) or self.stop_requested or
+                             stop_after_step == self.state["global_step"]):
+                self._checkpoint("last.pt")
+                if self.stop_requested or stop_after_step == self.state["global_step"]:
+                    if bar is not None:
+                        bar.close()
+                    raise _Stopped()
+        if bar is not None:
+            bar.close()
+        totals = d.sum([self.state.pop("epoch_loss"), self.state.pop("epoch_seen")])
+        done = (self.plan.steps_per_epoch - start) * cfg.batch_size * d.world
+        return {"train_loss": totals[0] / max(totals[1], 1), "images_per_s": done / (time.perf_counter() - t0)}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Exact over processes: integer counts summed, every image counted once."""
+        d = self.dist
+        model = (self.ema.model if self.ema else self.model).eval()
+        correct1 = correct5 = total = 0
+        loss_sum = 0.0
+        batches = list(eval_batches(len(self.val_set), self.cfg.batch_size, d.world, d.rank))
+        for x, y, _ in self._loader(batches, self.val_set):
+            if not len(y):
+                continue
+            logits = model(x.to(d.device)).float()
+            y = y.to(d.device)
+            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            top = logits.topk(min(5, logits.shape[1]), dim=1).indices
+            correct1 += int((top[:, 0] == y).sum())
+            correct5 += int((top == y[:, None]).any(dim=1).sum())
+            total += len(y)
+        c1, c5, n, ls = d.sum([correct1, correct5, total, loss_sum])
+        return {"val_correct": int(c1), "val_total": int(n), "val_top1": 100.0 * c1 / max(n, 1),
+                "val_top5": 100.0 * c5 / max(n, 1), "val_loss": ls / max(n, 1)}
+
+    # -- the run -------------------------------------------------------------------------
+    def run(self, stop_after_step: int | None = None) -> dict:
+        """Train, evaluate after each epoch, checkpoint; the final record. ``stop_after_step``
+        stops as an interruption would (checkpoint, then return), for tests of resume."""
+        self.build()
+        cfg = self.cfg
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def request_stop(signum, frame):
+            self.stop_requested = True
+            self.log("interrupted: saving last.pt after this step (--resume continues)")
+
+        for s in previous:
+            signal.signal(s, request_stop)
+        try:
+            while self.state["epoch"] < cfg.epochs:
+                epoch = self.state["epoch"]
+                record = {"epoch": epoch + 1, **self.train_epoch(epoch, stop_after_step), **self.evaluate(),
+                          "lr": self.sched.get_last_lr()[0], "skipped_steps": self.state.get("skipped_steps", 0),
+                          "skipped_images": self.state["skipped_images"]}
+                self.state.update(epoch=epoch + 1, step=0)
+                self.state["history"].append(record)
+                ranking = sorted(self.state["ranking"] + [(record["val_top1"], epoch + 1)], key=lambda r: -r[0])
+                self.state["ranking"] = ranking[:cfg.keep]  # every process knows the best epoch
+                if self.dist.main:
+                    self._checkpoint(f"epoch_{epoch + 1:03d}.pt", record["val_top1"])
+                    ckpt.keep_top_k(self.out, ranking, cfg.keep)
+                    if self.state["ranking"][0][1] == epoch + 1:
+                        self._checkpoint("best.pt", record["val_top1"])
+                    self._checkpoint("last.pt", record["val_top1"])
+                    self._write_records(record)
+                if self.stop_requested or stop_after_step == self.state["global_step"]:
+                    raise _Stopped()
+                self.log(f"epoch {epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}, val top-1 "
+                         f"{record['val_top1']:.2f} % ({record['val_correct']}/{record['val_total']}), top-5 "
+                         f"{record['val_top5']:.2f} %, {record['images_per_s']:.1f} images/s")
+                self.dist.barrier()
+        except _Stopped:
+            return {"stopped": True, **self.state}
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+        if self.dist.main:
+            self._plot()
+        best = self.state["ranking"][0]
+        return {"stopped": False, "best_top1": best[0], "best_epoch": best[1], "history": self.state["history"],
+                "output": str(self.out)}
+
+    def _write_records(self, record: dict) -> None:
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+        keys = list(record)
+        with open(self.out / "summary.csv", "w") as f:
+            f.write(",".join(keys) + "\n")
+            for r in self.state["history"]:
+                f.write(",".join(f"{r.get(k, '')}" for k in keys) + "\n")
+
+    def _plot(self) -> None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            self.log("note: matplotlib is not installed; no curves.png (pip install matplotlib)")
+            return
+        h = self.state["history"]
+        fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+        a.plot([r["epoch"] for r in h], [r["train_loss"] for r in h], label="train")
+        a.plot([r["epoch"] for r in h], [r["val_loss"] for r in h], label="validation")
+        a.set_xlabel("epoch"), a.set_ylabel("loss"), a.legend()
+        b.plot([r["epoch"] for r in h], [r["val_top1"] for r in h], label="top-1")
+        b.plot([r["epoch"] for r in h], [r["val_top5"] for r in h], label="top-5")
+        b.set_xlabel("epoch"), b.set_ylabel("validation accuracy (%)"), b.legend()
+        fig.tight_layout()
+        fig.savefig(self.out / "curves.png", dpi=100)
+        plt.close(fig)
+
+
+class _Stopped(Exception):
+    """Raised inside the epoch loop when the run stops early (an interruption or a test)."""
+
+
+def train(cfg: TrainConfig, log=print, progress: bool = True, stop_after_step: int | None = None) -> dict:
+    trainer = Trainer(cfg, log, progress)
+    try:
+        return trainer.run(stop_after_step)
+    finally:
+        trainer.dist.close()
+
+
+__all__ = ["TrainConfig", "Trainer", "train"]
