@@ -5,9 +5,10 @@ bird, fish, food, artifact, ...) as a class-subfolder tree of links; a seeded sp
 class keeps --test-fraction of each class for testing. Each model starts from its
 pretrained ImageNet weights and is fine-tuned with ``npuforge zoo train`` (its own
 validation split inside the training part); the linear probe is a logistic-regression
-head (L-BFGS, L2 chosen on the same validation split) on the frozen pretrained
-features of the same training images; the majority class is the rate of the largest
-training class on the test split. Everything in one run.
+head (L-BFGS, L2 chosen on a seeded fifth of the training part) on the frozen pretrained
+features of the same training images, which fine-tuning also starts from (``--probe-init``,
+linear probing then fine-tuning); the majority class is the rate of the largest training
+class on the test split. Everything in one run.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/finetune.py [--epochs 6]
 """
@@ -23,13 +24,14 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from npuforge.train import TrainConfig, train
 from npuforge.train.checkpoint import model_from
-from npuforge.train.data import rng_for
+from npuforge.train.data import SampleSet, rng_for
+from npuforge.train.probe import features, probe
 from npuforge.workflow import preprocess_of, transform_of
 from npuforge.zoo import create_model, get_config
+from npuforge.zoo.registry import classifier_of
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -50,58 +52,24 @@ def superclass_tree(root: Path, shared: Path, test_fraction: float, seed: int) -
     return root / "train", root / "test"
 
 
-def features(model, folder: Path, classes: list, preprocess: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pooled penultimate features (the classifier's input) and labels of a folder."""
-    from npuforge.zoo.data import ClassTable, ImageDataset, iter_batches
-
-    head = model.classifier if hasattr(model, "classifier") else model.fc
-    grabbed = []
-    hook = head.register_forward_pre_hook(lambda m, args: grabbed.append(args[0].flatten(1)))
-    ds = ImageDataset(folder, ClassTable(tuple(classes), tuple(classes)))
-    xs, ys = [], []
-    with torch.no_grad():
-        for x, y, _ in iter_batches(ds, transform_of(preprocess), 32):
-            model(torch.from_numpy(x))
-            xs.append(grabbed.pop())
-            ys.append(torch.from_numpy(y))
-    hook.remove()
-    return torch.cat(xs), torch.cat(ys)
+def samples_of(folder: Path, classes: list) -> list:
+    return [(str(p), classes.index(p.parent.name)) for p in sorted(folder.rglob("*")) if p.is_file()]
 
 
-def fit_probe(x, y, classes: int, l2: float) -> torch.nn.Linear:
-    head = torch.nn.Linear(x.shape[1], classes)
-    opt = torch.optim.LBFGS(head.parameters(), max_iter=300, line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        loss = F.cross_entropy(head(x), y) + l2 * head.weight.pow(2).sum()
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    return head
-
-
-def linear_probe(name: str, train_dir: Path, test_dir: Path, classes: list, seed: int) -> dict:
+def linear_probe(name: str, train: list, test: list, classes: list, seed: int) -> dict:
+    """The probe fitted on the frozen pretrained features of the training photos, scored on the test ones."""
     model = create_model(name, pretrained=True).eval()
-    pp = preprocess_of(get_config(name))
-    xtr, ytr = features(model, train_dir, classes, pp)
-    xte, yte = features(model, test_dir, classes, pp)
-    mean, std = xtr.mean(0), xtr.std(0) + 1e-6
-    xtr, xte = (xtr - mean) / std, (xte - mean) / std
-    order = torch.from_numpy(rng_for(seed, 8).permutation(len(ytr)))
-    n_val = len(ytr) // 5
-    val, fit = order[:n_val], order[n_val:]
-    best = max((1e-4, 1e-3, 1e-2, 1e-1), key=lambda l2: float(
-        (fit_probe(xtr[fit], ytr[fit], len(classes), l2)(xtr[val]).argmax(1) == ytr[val]).float().mean()))
-    head = fit_probe(xtr, ytr, len(classes), best)
-    return {"probe_top1": 100.0 * float((head(xte).argmax(1) == yte).float().mean()), "probe_l2": best}
+    head, tf = classifier_of(model), transform_of(preprocess_of(get_config(name)))
+    x, y = features(model, SampleSet(train, tf, seed, train=False), head)
+    probed, mean, std, l2 = probe(x, y, len(classes), seed)
+    xt, yt = features(model, SampleSet(test, tf, seed, train=False), head)
+    return {"probe_top1": 100.0 * float((probed((xt - mean) / std).argmax(1) == yt).float().mean()), "probe_l2": l2}
 
 
-def test_top1(run: Path, test_dir: Path) -> float:
+def test_top1(run: Path, test: list, seed: int) -> float:
     model, classes, pp = model_from(run / "best.pt")
-    x, y = features(model, test_dir, classes, pp)
-    head = model.classifier if hasattr(model, "classifier") else model.fc
+    head = classifier_of(model)
+    x, y = features(model, SampleSet(test, transform_of(pp), seed, train=False), head)
     with torch.no_grad():
         return 100.0 * float((head(x).argmax(1) == y).float().mean())
 
@@ -112,7 +80,11 @@ def main() -> int:
     ap.add_argument("--models", default="efficientnet_lite0,mobilenet_v2")
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--lr", type=float, default=0.003)
+    ap.add_argument("--warmup-epochs", type=float, default=1.0)
+    ap.add_argument("--crop-scale", type=float, default=0.08)
+    ap.add_argument("--probe-init", action=argparse.BooleanOptionalAction, default=True,
+                    help="start fine-tuning from the linear probe (default: yes)")
     ap.add_argument("--test-fraction", type=float, default=0.4)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -125,21 +97,23 @@ def main() -> int:
     print(f"{sum(train_counts.values())} training and {sum(counts.values())} test photos in {len(classes)} "
           f"superclasses; majority class ({train_counts.most_common(1)[0][0]}) {majority:.1f} % of the test photos",
           flush=True)
+    train_set, test_set = samples_of(train_dir, classes), samples_of(test_dir, classes)
     rows = []
     for name in args.models.split(","):
         t = time.perf_counter()
-        probe = linear_probe(name, train_dir, test_dir, classes, args.seed)
+        baseline = linear_probe(name, train_set, test_set, classes, args.seed)
         probe_s = time.perf_counter() - t
         t = time.perf_counter()
         cfg = TrainConfig(model=name, data=str(train_dir), output=str(work / name), epochs=args.epochs,
-                          batch_size=args.batch_size, lr=args.lr, warmup_epochs=1, seed=args.seed, workers=2,
-                          val_split=0.15)
+                          batch_size=args.batch_size, lr=args.lr, warmup_epochs=args.warmup_epochs, seed=args.seed,
+                          workers=2, val_split=0.15, probe_init=args.probe_init, crop_scale=args.crop_scale)
         result = train(cfg, log=lambda m: print(f"  {m}", flush=True), progress=False)
-        rows.append({"model": name, "finetune_top1": test_top1(work / name, test_dir), **probe,
+        rows.append({"model": name, "finetune_top1": test_top1(work / name, test_set, args.seed), **baseline,
                      "best_val": result["best_top1"], "train_s": time.perf_counter() - t, "probe_s": probe_s})
         print(rows[-1], flush=True)
     print()
-    print("| model | fine-tuned top-1 (test) | linear probe top-1 (test) | majority class | fine-tuning time | probe time |")
+    print("| model | fine-tuned top-1 (test) | linear probe top-1 (test) | majority class | fine-tuning time "
+          "| probe time |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['model']} | {r['finetune_top1']:.1f} % | {r['probe_top1']:.1f} % (L2 {r['probe_l2']:g}) | "

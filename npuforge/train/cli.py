@@ -66,6 +66,9 @@ def add_train_parser(sub) -> None:
                    help="on weights only, not on biases and normalization parameters (default 5e-5)")
     p.add_argument("--warmup-epochs", type=_non_negative, default=0.0, metavar="E", help="linear warm-up (default 0)")
     p.add_argument("--label-smoothing", type=_non_negative, default=0.1, metavar="S", help="default 0.1")
+    p.add_argument("--crop-scale", type=_positive(float), default=0.08, metavar="F",
+                   help="smallest area fraction of the random resized crop (default 0.08; 0.3-0.5 suits fine-tuning "
+                        "on a few hundred images)")
     p.add_argument("--ema", type=_non_negative, default=0.0, metavar="DECAY",
                    help="keep an exponential moving average of the weights with this per-step decay (e.g. 0.999); "
                         "validation and checkpoints' EMA use it (default: off)")
@@ -74,6 +77,10 @@ def add_train_parser(sub) -> None:
                    "(default: off)")
     p.add_argument("--mixup", type=_non_negative, default=0.0, metavar="ALPHA", help="mixup Beta(alpha, alpha)")
     p.add_argument("--cutmix", type=_non_negative, default=0.0, metavar="ALPHA", help="cutmix Beta(alpha, alpha)")
+    p.add_argument("--probe-init", action="store_true",
+                   help="start the classifier from a linear probe (logistic regression on the frozen pretrained "
+                        "features of the training images), then fine-tune everything: a random head's first "
+                        "steps no longer tear up the pretrained features")
     p.add_argument("--sync-bn", action="store_true", help="synchronized BatchNorm across processes")
     p.add_argument("--seed", type=int, default=0, help="every random choice follows from it (default 0)")
     p.add_argument("--workers", type=int, default=2, metavar="N", help="image decoding processes (spawned; 0: in the "
@@ -103,10 +110,11 @@ def cmd_train(args) -> int:
                       pretrained=pretrained, num_classes=args.num_classes, epochs=args.epochs,
                       batch_size=args.batch_size, lr=args.lr, lr_base=args.lr_base, optimizer=args.optimizer,
                       weight_decay=args.weight_decay, warmup_epochs=args.warmup_epochs,
-                      label_smoothing=args.label_smoothing, ema=args.ema, amp=args.amp, clip_grad=args.clip_grad,
-                      mixup=args.mixup, cutmix=args.cutmix, seed=args.seed, workers=args.workers,
-                      max_bad_steps=args.max_bad_steps, keep=args.keep, sync_bn=args.sync_bn,
-                      save_every=args.save_every, resume=args.resume, image_size=args.image_size)
+                      label_smoothing=args.label_smoothing, crop_scale=args.crop_scale, ema=args.ema, amp=args.amp,
+                      clip_grad=args.clip_grad, mixup=args.mixup, cutmix=args.cutmix, seed=args.seed,
+                      workers=args.workers, max_bad_steps=args.max_bad_steps, keep=args.keep, sync_bn=args.sync_bn,
+                      probe_init=args.probe_init, save_every=args.save_every, resume=args.resume,
+                      image_size=args.image_size)
     result = train(cfg, log=lambda m: print(m, file=sys.stderr, flush=True), progress=not args.quiet)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun the first process reports
         return 0

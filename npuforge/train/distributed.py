@@ -44,9 +44,6 @@ class Distributed:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t.tolist()
 
-    def any(self, flag: bool) -> bool:
-        return self.sum([1.0 if flag else 0.0])[0] > 0
-
     def barrier(self) -> None:
         if self.active:
             dist.barrier()

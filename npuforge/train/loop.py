@@ -48,6 +48,7 @@ class TrainConfig:
     weight_decay: float = 5e-5
     warmup_epochs: float = 0.0
     label_smoothing: float = 0.1
+    crop_scale: float = 0.08  # smallest area fraction of the random resized crop
     ema: float = 0.0  # decay per step; 0: no EMA
     amp: bool = False
     clip_grad: float = 0.0
@@ -57,6 +58,7 @@ class TrainConfig:
     workers: int = 2
     max_bad_steps: int = 10
     keep: int = 3  # top-k epoch checkpoints
+    probe_init: bool = False  # start from a linear probe of the pretrained features
     sync_bn: bool = False
     save_every: int = 0  # steps between mid-epoch checkpoints; 0: at epoch ends only
     resume: bool = False
@@ -75,6 +77,8 @@ class TrainConfig:
                 raise NpuforgeError(f"--{name.replace('_', '-')} {getattr(self, name)}: give a value >= 0")
         if self.ema >= 1:
             raise NpuforgeError(f"--ema {self.ema}: a decay below 1 (e.g. 0.999)")
+        if not 0 < self.crop_scale <= 1:
+            raise NpuforgeError(f"--crop-scale {self.crop_scale}: an area fraction in (0, 1]")
 
 
 def _folder_samples(root: str, what: str):
@@ -208,12 +212,23 @@ class Trainer:
         with warnings.catch_warnings():  # a re-initialised classifier is logged by the registry already
             warnings.simplefilter("ignore", UserWarning)
             model = create_model(cfg.model, pretrained=cfg.pretrained, num_classes=n, **cfg.model_kwargs)
-        pp = self.preprocess
-        transform = TrainTransform(tuple(pp["crop_size"]), pp["mean"], pp["std"], pp["interpolation"])
         from ..workflow import transform_of
+
+        pp = self.preprocess
+        transform = TrainTransform(tuple(pp["crop_size"]), pp["mean"], pp["std"], pp["interpolation"],
+                                   scale=(cfg.crop_scale, 1.0))
 
         self.train_set = SampleSet(train, transform, cfg.seed, train=True)
         self.val_set = SampleSet(val, transform_of(pp), cfg.seed, train=False)
+        if cfg.probe_init:
+            from ..zoo.registry import classifier_of
+            from .probe import features, init_head, probe
+
+            head = classifier_of(model)
+            x, y = features(model, SampleSet(train, transform_of(pp), cfg.seed, train=False), head)
+            probed, mean, std, l2 = probe(x, y, n, cfg.seed)
+            init_head(head, probed, mean, std)
+            self.log(f"classifier initialised from a linear probe of the frozen features (L2 {l2:g})")
         model = model.to(d.device)
         if cfg.sync_bn and d.active:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -299,7 +314,10 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad or float("inf"))
-            if d.any(not (torch.isfinite(loss) and torch.isfinite(norm))):
+            # the gradients are all-reduced already, so the norm is the same number on every process
+            # (a non-finite loss anywhere makes it non-finite everywhere): all skip together, no extra
+            # collective per step
+            if not torch.isfinite(norm) or (not d.active and not torch.isfinite(loss)):
                 self.state["bad_steps"] += 1
                 self.state["skipped_steps"] = self.state.get("skipped_steps", 0) + 1
                 self.log(f"epoch {epoch + 1} step {step + 1}: non-finite loss or gradient; step skipped "

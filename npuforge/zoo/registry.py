@@ -164,6 +164,11 @@ def get_config(name: str) -> PretrainedConfig:
     return _entry(name).config
 
 
+def classifier_of(model):
+    """The classifier layer (an nn.Linear) of a model built by :func:`create_model`."""
+    return _get_attr_path(model, _entry(model.zoo_name).head)
+
+
 def _get_attr_path(obj, path: str):
     for part in path.split("."):
         obj = getattr(obj, part)
