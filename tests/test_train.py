@@ -75,6 +75,7 @@ def _weights(path: Path) -> dict:
     return {**{f"m.{k}": v for k, v in state["model"].items()}, **{f"e.{k}": v for k, v in state["ema"].items()}}
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_equals_uninterrupted_bit_for_bit(tmp_path, folder):
     """Stopped mid-epoch (step 5 of 2 x 4), resumed with spawned loader workers: the same
     weights, EMA included, as a run that never stopped (with no workers)."""
@@ -150,6 +151,7 @@ def test_bad_inputs_get_one_line_errors(tmp_path, capsys, folder):
     assert rc == 2 and "mobilenet_v2" in err  # a close match is suggested
 
 
+@pytest.mark.slow
 def test_checkpoint_feeds_zoo_eval_and_quantize(tmp_path, capsys, folder):
     train(config(tmp_path, folder, epochs=1), log=quiet, progress=False)
     best = tmp_path / "run" / "best.pt"
@@ -185,6 +187,7 @@ def torchrun(*args, procs: int, timeout: int = 300) -> subprocess.CompletedProce
                           text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow
 def test_distributed_evaluation_counts_every_image_once_over_1_2_and_3_processes(tmp_path, folder):
     """9 validation images (3 of each class's 8): shards of 9, 5 + 4 and 3 + 3 + 3 images,
     the same counts from the same initial weights."""
@@ -199,6 +202,7 @@ def test_distributed_evaluation_counts_every_image_once_over_1_2_and_3_processes
     assert counts[0][1] == 9 and counts[0] == counts[1] == counts[2], counts
 
 
+@pytest.mark.slow
 def test_two_process_training_runs_and_exits(tmp_path, folder):
     started = time.perf_counter()
     done = torchrun("-m", "npuforge", "zoo", "train", "mobilenet_v2", "--no-pretrained", "--data", str(folder),
