@@ -460,11 +460,14 @@ class _Stopped(Exception):
 
 
 def train(cfg: TrainConfig, log=print, progress: bool = True, stop_after_step: int | None = None) -> dict:
+    deterministic = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled())
     trainer = Trainer(cfg, log, progress)
     try:
         return trainer.run(stop_after_step)
     finally:
         trainer.dist.close()
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])  # as the caller had it
 
 
 __all__ = ["TrainConfig", "Trainer", "train"]
