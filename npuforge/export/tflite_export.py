@@ -22,7 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import NpuforgeError, UnsupportedError
+from ..quant.fixedpoint import round_half_away
 from ..quant.params import QParams
+from ..quant.tflite_tables import activation_range
 from ..quant.requant import TFLITE_ADD_LEFT_SHIFT, quantize_multiplier, tflite_add_multipliers, tflite_mean_multiplier
 from .tflite_writer import TensorQuant, TFLiteWriter
 
@@ -42,32 +44,12 @@ def _refuse(node, why: str):
     raise UnsupportedError(f"node '{node.name}' ({node.op}): {why}; it has no int8 TFLite form")
 
 
-def _tflite_round(x) -> np.ndarray:
-    """TfLiteRound: half away from zero."""
-    x = np.asarray(x, np.float64)
-    return np.sign(x) * np.floor(np.abs(x) + 0.5)
-
-
-def _act_range(kind: str, p: QParams) -> tuple[int, int]:
-    """TFLite's CalculateActivationRangeQuantized for a fused activation."""
-    def q(f):
-        return int(p.zero_point) + int(_tflite_round(np.float32(f) / np.float32(p.scale)))
-    lo, hi = p.qmin, p.qmax
-    if kind in ("Relu", "Relu6"):
-        lo = max(lo, q(0.0))
-    if kind == "Relu6":
-        hi = min(hi, q(6.0))
-    if kind == "ReluN1To1":
-        lo, hi = max(lo, q(-1.0)), min(hi, q(1.0))
-    return lo, hi
-
-
 def _tflite_nearest(n_in: int, n_out: int, align: bool, half: bool) -> np.ndarray:
     """TFLite's nearest-neighbour source index of every output position (float32 arithmetic)."""
     f32 = np.float32
     scale = f32(n_in - 1) / f32(n_out - 1) if align and n_out > 1 else f32(n_in) / f32(n_out)
     pos = (np.arange(n_out, dtype=f32) + f32(0.5 if half else 0.0)) * scale
-    idx = _tflite_round(pos) if align else np.floor(pos)
+    idx = round_half_away(pos) if align else np.floor(pos)
     idx = np.minimum(idx.astype(np.int64), n_in - 1)
     return np.maximum(idx, 0) if half else idx
 
@@ -163,7 +145,7 @@ class _Exporter:
         else:
             want = (yq.qmin, yq.qmax)
         for kind in ("", "Relu", "Relu6", "ReluN1To1"):
-            if _act_range(kind, yq) == want:
+            if activation_range(kind, yq) == want:
                 return fused_activation(kind)
         _refuse(node, f"its saturation bounds {want} are none of TFLite's fused activations")
 

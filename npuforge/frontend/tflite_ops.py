@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from tflite.ActivationFunctionType import ActivationFunctionType as Act
 
-from ..export.tflite_export import _act_range
+from ..quant.tflite_tables import activation_range
 from ..quant.config import QuantConfig
 from ..quant.params import QParams
 from ..quant.quantize import _add_int, _requant
@@ -22,7 +22,7 @@ from ..quant.quantize import _add_int, _requant
 TO_IR = (0, 3, 1, 2)  # np.transpose perm: an NHWC array -> NCHW
 TO_FILE = (0, 2, 3, 1)  # NCHW -> NHWC
 IR_AXIS = (0, 2, 3, 1)  # NHWC axis k is NCHW axis IR_AXIS[k]
-# a fused activation as the IR's Conv / Gemm attributes and as TFLite's range kind (_act_range)
+# a fused activation as the IR's Conv / Gemm attributes and as TFLite's range kind (activation_range)
 _FUSED = {Act.RELU: ("Relu", [], "Relu"), Act.RELU6: ("Clip", [0.0, 6.0], "Relu6"),
           Act.RELU_N1_TO_1: ("Clip", [-1.0, 1.0], "ReluN1To1")}
 TFLITE_CONFIG = dict(activation_dtype="int8", tflite_multipliers=True)
@@ -103,7 +103,7 @@ class OperatorRules:
         if op == "Gemm":  # LiteRT's FULLY_CONNECTED rounds once (as the quantizer stores it)
             _add_int(g, node, "single_rounding", np.asarray(1, np.int32))
         if fused:
-            lo, hi = _act_range(kind, qy)
+            lo, hi = activation_range(kind, qy)
             _add_int(g, node, "act_min", np.asarray(lo, np.int32))
             _add_int(g, node, "act_max", np.asarray(hi, np.int32))
 

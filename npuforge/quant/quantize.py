@@ -277,7 +277,7 @@ def _lut(graph, node, config: QuantConfig) -> None:
     xp, yp = graph.values[node.inputs[0]].quant, graph.values[node.outputs[0]].quant
     table = tflite_table(graph, node, xp, yp) if config.tflite_multipliers else None
     if table is not None:
-        _add_int(graph, node, "lut", table.astype(yp.quantize(np.zeros(1, np.float32)).dtype))
+        _add_int(graph, node, "lut", table.astype(yp.dtype))
         return
     codes = np.arange(xp.qmin, xp.qmax + 1)
     x = torch.from_numpy(xp.dequantize(codes))

@@ -24,14 +24,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .fixedpoint import c_div
+
 # ONNX coordinate mode -> (align_corners, half_pixel_centers) of TFLite
 TFLITE_MODES = {"asymmetric": (False, False), "align_corners": (True, False), "half_pixel": (False, True),
                 "pytorch_half_pixel": (False, True)}
-
-
-def _c_div(a: np.ndarray, b: int) -> np.ndarray:
-    q = np.abs(a) // b
-    return np.where(a < 0, -q, q)
 
 
 def axis_weights(n_in: int, n_out: int, align: bool, half: bool):
@@ -42,8 +39,8 @@ def axis_weights(n_in: int, n_out: int, align: bool, half: bool):
         s = ((1 << 10) * n_in + n_out // 2) // n_out
     i = np.arange(n_out, dtype=np.int64)
     p = i * s + s // 2 - (1 << 9) if half else i * s
-    lo = np.maximum(_c_div(p, 1 << 10), 0)
-    hi = np.minimum(_c_div(p + (1 << 10) - 1, 1 << 10), n_in - 1)
+    lo = np.maximum(c_div(p, 1 << 10), 0)
+    hi = np.minimum(c_div(p + (1 << 10) - 1, 1 << 10), n_in - 1)
     frac = p - (1 << 10) * lo
     return lo, hi, (1 << 10) - frac, frac
 

@@ -17,34 +17,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .fixedpoint import c_div, doubling_high_mul as srdhm, rdbp
 from .requant import quantize_multiplier
 
 SCALED_DIFF_BITS = 5  # integer bits of the rescaled difference (Q5.26)
 ACCUMULATION_BITS = 12  # integer bits of the sum of exps (Q12.19)
 INT32_MAX, INT32_MIN = 2**31 - 1, -(2**31)
-
-
-def _div_trunc(num: np.ndarray, den: int) -> np.ndarray:
-    """C's integer division (toward zero), exact on int64."""
-    q = np.abs(num) // den
-    return np.where(num < 0, -q, q)
-
-
-def srdhm(a, b) -> np.ndarray:
-    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
-    ab = a * b
-    nudge = np.where(ab >= 0, 1 << 30, 1 - (1 << 30))
-    out = _div_trunc(ab + nudge, 1 << 31)
-    return np.where((a == INT32_MIN) & (b == INT32_MIN), INT32_MAX, out)
-
-
-def rdbp(x, e: int) -> np.ndarray:
-    """RoundingDivideByPOT: x / 2^e rounded half away from zero."""
-    x = np.asarray(x, np.int64)
-    if e <= 0:
-        return x
-    mask = (1 << e) - 1
-    return (x >> e) + ((x & mask) > ((mask >> 1) + (x < 0)))
 
 
 def _sat_shift(x, e: int) -> np.ndarray:
@@ -89,7 +67,7 @@ def exp_on_negative_values(a: np.ndarray) -> np.ndarray:
 def one_over_one_plus_x(a: np.ndarray) -> np.ndarray:
     """1 / (1 + a) for a Q0.31 a in [0, 1), as Q0.31 (Newton-Raphson in Q2.29)."""
     s = a + INT32_MAX
-    half_denominator = _div_trunc(s + np.where(s >= 0, 1, -1), 2)  # RoundingHalfSum(a, One)
+    half_denominator = c_div(s + np.where(s >= 0, 1, -1), 2)  # RoundingHalfSum(a, One)
     x = _wrap(1515870810 + srdhm(half_denominator, -1010580540))  # 48/17 - 32/17 * d, Q2.29
     one = 1 << 29
     for _ in range(3):
@@ -129,15 +107,7 @@ def integer_forward(sim, node, env) -> list:
     e = exp_on_negative_values(srdhm(np.maximum(d, diff_min) * (1 << shift), m))
     total = np.where(used, rdbp(e, ACCUMULATION_BITS), 0).sum(axis=axis, keepdims=True)
     scale, bits = reciprocal(total)
-    y = rdbp_per(srdhm(scale, e), bits + 31 - 8) - 128
+    y = rdbp(srdhm(scale, e), bits + 31 - 8) - 128
     p = sim._q(node.outputs[0])
     y = np.where(used, y, -128) + (int(p.zero_point) + 128)  # a uint8 output: the same codes + 128
     return [sim._store(torch.from_numpy(y), p)]
-
-
-def rdbp_per(x: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """RoundingDivideByPOT with an exponent per element (broadcast)."""
-    x = np.asarray(x, np.int64)
-    e = np.broadcast_to(np.asarray(e, np.int64), x.shape)
-    mask = (np.int64(1) << e) - 1
-    return np.where(e > 0, (x >> e) + ((x & mask) > ((mask >> 1) + (x < 0))), x)

@@ -18,7 +18,10 @@ requires (:data:`FIXED_OUTPUTS`, SOFTMAX's too: its kernel is quant/tflite_softm
 from __future__ import annotations
 
 import numpy as np
+import torch
 
+from ..sim.int_ops import requantize_fixedpoint
+from .fixedpoint import doubling_high_mul, rdbp, round_half_away
 from .params import QParams
 from .requant import quantize_multiplier
 
@@ -33,57 +36,31 @@ def fixed_output(op: str, dtype: str) -> QParams | None:
     return QParams(dtype, np.float32(scale), np.int32(zp + (128 if dtype == "uint8" else 0)))
 
 
-def _round_away(x) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    return np.sign(x) * np.floor(np.abs(x) + 0.5)
-
-
-def _mbqm(x: np.ndarray, m: int, shift: int) -> np.ndarray:
-    """MultiplyByQuantizedMultiplier on int64 arrays holding int32 values."""
-    x = x * (1 << max(shift, 0))
-    y = (x * m + (1 << 30)) >> 31  # SaturatingRoundingDoublingHighMul (m >= 0)
-    return _rdbp(y, max(-shift, 0))
-
-
-def _rdbp(x: np.ndarray, e: int) -> np.ndarray:
-    """gemmlowp RoundingDivideByPOT: x / 2^e rounded half away from zero."""
-    if e == 0:
-        return x
-    mask = (1 << e) - 1
-    threshold = (mask >> 1) + (x < 0)
-    return (x >> e) + ((x & mask) > threshold)
+def activation_range(kind: str, p: QParams) -> tuple[int, int]:
+    """TFLite's CalculateActivationRangeQuantized: the output codes a fused (or standalone)
+    activation ("", "Relu", "Relu6", "ReluN1To1") keeps, bounds ``zp + round(bound / s)``."""
+    def q(f):
+        return int(p.zero_point) + int(round_half_away(np.float32(f) / np.float32(p.scale)))
+    lo, hi = p.qmin, p.qmax
+    if kind in ("Relu", "Relu6"):
+        lo = max(lo, q(0.0))
+    if kind == "Relu6":
+        hi = min(hi, q(6.0))
+    if kind == "ReluN1To1":
+        lo, hi = max(lo, q(-1.0)), min(hi, q(1.0))
+    return lo, hi
 
 
 def _codes(p: QParams) -> np.ndarray:
     return np.arange(p.qmin, p.qmax + 1, dtype=np.int64)
 
 
-def relu_table(xq: QParams, yq: QParams, lo: float | None, hi: float | None) -> np.ndarray:
-    """TFLite's quantized RELU (lo 0), RELU6 (0, 6) or RELU_N1_TO_1 (-1, 1) over every input code."""
+def relu_table(xq: QParams, yq: QParams, kind: str) -> np.ndarray:
+    """TFLite's quantized RELU, RELU6 or RELU_N1_TO_1 (``kind`` as :func:`activation_range`)
+    over every input code."""
     m, s = quantize_multiplier(np.float64(np.float32(xq.scale) / np.float32(yq.scale)))  # float32, as LiteRT
-    zy = int(yq.zero_point)
-    y = zy + _mbqm(_codes(xq) - int(xq.zero_point), int(m), int(s))
-
-    def bound(f):
-        return zy + int(_round_away(np.float32(f) / np.float32(yq.scale)))
-
-    amin = yq.qmin if lo is None else max(yq.qmin, bound(lo))
-    amax = yq.qmax if hi is None else min(yq.qmax, bound(hi))
-    return np.clip(y, amin, amax)
-
-
-def _srdhm16(a: np.ndarray, b: int) -> np.ndarray:
-    """gemmlowp's int16 SaturatingRoundingDoublingHighMul (division truncating toward zero)."""
-    ab = a * b
-    nudge = np.where(ab >= 0, 1 << 14, 1 - (1 << 14))
-    out = np.trunc((ab + nudge) / (1 << 15)).astype(np.int64)
-    return np.where((a == -32768) & (b == -32768), 32767, out)
-
-
-def _sdhm16(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """SaturatingDoublingHighMul (int16, truncating: no rounding nudge)."""
-    out = np.trunc((a * b) / (1 << 15)).astype(np.int64)
-    return np.where((a == -32768) & (b == -32768), 32767, out)
+    y = requantize_fixedpoint(torch.from_numpy(_codes(xq) - int(xq.zero_point)), int(m), int(s)).numpy()
+    return np.clip(int(yq.zero_point) + y, *activation_range(kind, yq))
 
 
 def _sat_shift16(x: np.ndarray, amount: int) -> np.ndarray:
@@ -104,17 +81,17 @@ def hard_swish_table(xq: QParams, yq: QParams) -> np.ndarray:
     out_m, out_e = _int16_multiplier(float(np.float32(hires / np.float32(yq.scale))))
     relu_m, relu_e = _int16_multiplier(float(np.float32(hires / np.float32(3.0 / 32768.0))))
     x = (_codes(xq) - int(xq.zero_point)) * (1 << 7)
-    pre_out = _srdhm16(x, out_m)
+    pre_out = doubling_high_mul(x, out_m, bits=16)
     r = x
     if relu_e > 0:
         r = _sat_shift16(r, relu_e - 1)
-    r = _srdhm16(r, relu_m)
+    r = doubling_high_mul(r, relu_m, bits=16)
     if relu_e > 0:
         r = _sat_shift16(r, 1)
     if relu_e < 0:
-        r = _rdbp(r, -relu_e)
+        r = rdbp(r, -relu_e)
     r = (r + (1 << 15)) >> 1
-    y = _rdbp(_sdhm16(r, pre_out), -out_e) + int(yq.zero_point)
+    y = rdbp(doubling_high_mul(r, pre_out, bits=16, rounding=False), -out_e) + int(yq.zero_point)
     return np.clip(y, yq.qmin, yq.qmax)
 
 
@@ -135,7 +112,7 @@ def clip_bounds(graph, node) -> tuple:
 def tflite_table(graph, node, xq: QParams, yq: QParams) -> np.ndarray | None:
     """The table of TFLite's kernel for a lut node, or None where the float table is TFLite's."""
     if node.op in ("Relu", "Clip") and clip_bounds(graph, node) in RELU_KINDS:
-        return relu_table(xq, yq, *clip_bounds(graph, node))
+        return relu_table(xq, yq, RELU_KINDS[clip_bounds(graph, node)])
     if node.op == "HardSwish":
         return hard_swish_table(xq, yq)
     return None
