@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from npuforge.train import TrainConfig, train
-from npuforge.train.checkpoint import model_from
+from npuforge.train.checkpoint import load_run, model_from
 from npuforge.train.data import SampleSet, rng_for
 from npuforge.train.probe import features, probe
 from npuforge.workflow import preprocess_of, transform_of
@@ -67,7 +67,7 @@ def linear_probe(name: str, train: list, test: list, classes: list, seed: int) -
 
 
 def test_top1(run: Path, test: list, seed: int) -> float:
-    model, classes, pp = model_from(run / "best.pt")
+    model, classes, pp = model_from(load_run(run / "best.pt"))
     head = classifier_of(model)
     x, y = features(model, SampleSet(test, transform_of(pp), seed, train=False), head)
     with torch.no_grad():

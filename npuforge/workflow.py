@@ -53,21 +53,21 @@ def zoo_graph(name: str, log=None):
     return graph
 
 
-def run_graph(path):
-    """A training run's checkpoint (``npuforge zoo train``) exported and imported, with its
-    preprocessing and class table."""
+def run_graph(state: dict, path):
+    """A training run's checkpoint (``npuforge zoo train``, read from ``path``) exported and
+    imported, with its preprocessing and class table."""
     import onnx
     import torch
 
     from . import export_onnx, import_onnx
     from .train.checkpoint import class_table_of, model_from
 
-    model, classes, preprocess = model_from(path)
+    model, classes, preprocess = model_from(state)
     size = preprocess["crop_size"]
     buffer = io.BytesIO()
     export_onnx(model, torch.zeros(1, 3, *size), buffer, input_names=("input",), output_names=("logits",))
     graph = import_onnx(onnx.load_from_string(buffer.getvalue()), name=Path(path).stem)
-    table = class_table_of(path)
+    table = class_table_of(state, path)
     graph.metadata["preprocess"] = {**preprocess, "source": f"run:{path}"}
     graph.metadata["class_table"] = {"wnids": list(table.wnids), "names": list(table.names)}
     return graph
@@ -78,11 +78,12 @@ def resolve_model(spec: str, preprocess: str | None = None, log=None, input_shap
     from . import load
     from .zoo import get_config, list_models
 
-    from .train.checkpoint import is_run_checkpoint
+    from .train.checkpoint import read_run
 
     path = Path(spec)
-    if is_run_checkpoint(path):
-        graph = run_graph(path)
+    run = read_run(path)
+    if run is not None:
+        graph = run_graph(run, path)
     elif not path.exists() and spec in list_models():
         if input_shapes:
             raise NpuforgeError(f"{spec}: zoo models have static input shapes; --input-shape is for ONNX files")

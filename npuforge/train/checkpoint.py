@@ -31,19 +31,9 @@ def save(state: dict, path: Path) -> None:
         raise
 
 
-def is_run_checkpoint(path) -> bool:
-    path = Path(path)
-    if path.suffix != ".pt" or not path.is_file():
-        return False
-    try:
-        return load(path).get("format") == FORMAT
-    except NpuforgeError:
-        return False
-
-
 def load(path) -> dict:
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=True)  # tensors, numbers, strings, containers
     except Exception as e:  # a truncated or foreign file
         raise NpuforgeError(f"{path}: not a readable checkpoint ({type(e).__name__})") from None
     if not isinstance(state, dict):
@@ -51,14 +41,31 @@ def load(path) -> dict:
     return state
 
 
-def model_from(path, *, ema: bool = True):
-    """(model in eval mode, class names, preprocess dict) of a run checkpoint; the EMA
-    weights when the run kept them and ``ema``."""
+def read_run(path) -> dict | None:
+    """A training run's checkpoint, read once; None for any other path (a zoo name, an ONNX
+    file, a plain state dict)."""
+    path = Path(path)
+    if path.suffix != ".pt" or not path.is_file():
+        return None
+    try:
+        state = load(path)
+    except NpuforgeError:
+        return None
+    return state if state.get("format") == FORMAT else None
+
+
+def load_run(path) -> dict:
+    state = read_run(path)
+    if state is None:
+        raise NpuforgeError(f"{path}: not an npuforge training checkpoint (npuforge zoo train writes them)")
+    return state
+
+
+def model_from(state: dict, *, ema: bool = True):
+    """(model in eval mode, class names, preprocess dict) of a run checkpoint's state; the
+    EMA weights when the run kept them and ``ema``."""
     from ..zoo import create_model
 
-    state = load(path)
-    if state.get("format") != FORMAT:
-        raise NpuforgeError(f"{path}: not an npuforge training checkpoint (npuforge zoo train writes them)")
     model = create_model(state["model_name"], pretrained=False, num_classes=len(state["classes"]),
                          **state.get("model_kwargs", {}))
     weights = state["ema"] if ema and state.get("ema") is not None else state["model"]
@@ -66,14 +73,13 @@ def model_from(path, *, ema: bool = True):
     return model.eval(), list(state["classes"]), dict(state["preprocess"])
 
 
-def class_table_of(path):
+def class_table_of(state: dict, source: str = ""):
     """The run's classes as a ClassTable (ids: wnids for ImageNet-style data, else the names),
     so an evaluation folder's labels follow the training's."""
     from ..zoo.data import ClassTable
 
-    state = load(path)
     names = tuple(state["classes"])
-    return ClassTable(tuple(state.get("class_ids") or names), names, source=str(path))
+    return ClassTable(tuple(state.get("class_ids") or names), names, source=str(source))
 
 
 def keep_top_k(run_dir: Path, ranking: list, k: int) -> list:

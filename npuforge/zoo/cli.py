@@ -23,12 +23,13 @@ from ..errors import NpuforgeError
 
 def _run_checkpoint(args):
     """``name`` may be a training run's checkpoint (``npuforge zoo train``): its model, else None."""
-    from ..train.checkpoint import is_run_checkpoint, model_from
+    from ..train.checkpoint import class_table_of, model_from, read_run
 
-    if not is_run_checkpoint(args.name):
+    state = read_run(args.name)
+    if state is None:
         return None
-    model, _, preprocess = model_from(args.name)
-    model.run_preprocess = preprocess
+    model, _, preprocess = model_from(state)
+    model.run_preprocess, model.run_classes = preprocess, class_table_of(state, args.name)
     return model
 
 
@@ -87,12 +88,10 @@ def cmd_eval(args) -> int:
     from .registry import get_config
     from .transforms import eval_transform
 
-    from ..train.checkpoint import class_table_of
-
     model = _run_checkpoint(args)
     if model is None:
         get_config(args.name)  # a misspelt model name fails before the folder is scanned
-    table = args.class_table or (class_table_of(args.name) if model is not None else None)
+    table = args.class_table or (model.run_classes if model is not None else None)
     dataset = ImageDataset(args.data, class_table=table, limit=args.limit)
     if model is None:
         model = _build(args)
