@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 litert = pytest.importorskip("ai_edge_litert.interpreter", reason="LiteRT (ai-edge-litert) is not installed")
 
@@ -26,7 +25,7 @@ from npuforge.export.tflite_export import to_tflite  # noqa: E402
 from npuforge.export.tflite_writer import TensorQuant, TFLiteWriter  # noqa: E402
 from npuforge.frontend.tflite_importer import import_tflite  # noqa: E402
 from npuforge.sim.integer import IntegerSimulator, quantize_input  # noqa: E402
-from test_tflite_vs_litert import Lambda, litert_run, quantized  # noqa: E402
+from test_tflite_vs_litert import ConcatPadFlatten, Lambda, Residual, litert_run, quantized  # noqa: E402
 from tflite.BuiltinOperator import BuiltinOperator  # noqa: E402
 from tflite.BuiltinOptions import BuiltinOptions  # noqa: E402
 
@@ -182,24 +181,6 @@ def test_float_operator_matches_litert(case):
 
 
 # -- int8: export -> import -> the same integer codes ----------------------------------------------
-
-class Residual(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 3, padding=1)
-
-    def forward(self, x):
-        return self.a(x) + self.b(x)
-
-
-class ConcatPadFlatten(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = nn.Conv2d(4, 6, 1), nn.Conv2d(4, 5, 1)
-
-    def forward(self, x):
-        return F.pad(torch.cat([self.a(x), self.b(x)], dim=1), (1, 2, 0, 1)).flatten(1)
-
 
 class AddRelu(nn.Module):
     def __init__(self):

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 litert = pytest.importorskip("ai_edge_litert.interpreter", reason="LiteRT (ai-edge-litert) is not installed")
 
 import npuforge  # noqa: E402
+from npuforge.export.litert_check import interpreter, run_litert  # noqa: E402
 from npuforge.export.tflite_export import to_tflite  # noqa: E402
 from npuforge.quant import QuantConfig  # noqa: E402
 from npuforge.sim.integer import IntegerSimulator, quantize_input  # noqa: E402
@@ -26,15 +27,8 @@ TFLITE = QuantConfig(activation_dtype="int8", tflite_multipliers=True)
 
 
 def litert_run(model: bytes, codes: list, reference: bool = True) -> list:
-    """Run a .tflite on int8 input codes (NHWC where 4-D); the output codes."""
-    kind = litert.OpResolverType.BUILTIN_REF if reference else litert.OpResolverType.AUTO
-    it = litert.Interpreter(model_content=model, experimental_op_resolver_type=kind)
-    it.allocate_tensors()
-    for d, c in zip(it.get_input_details(), codes):
-        it.set_tensor(d["index"], c.transpose(0, 2, 3, 1) if c.ndim == 4 else c)
-    it.invoke()
-    outs = [it.get_tensor(d["index"]) for d in it.get_output_details()]
-    return [o.transpose(0, 3, 1, 2) if o.ndim == 4 else o for o in outs]
+    """Run a .tflite on int8 input codes (the IR's NCHW where 4-D); the output codes."""
+    return run_litert(interpreter(model, reference), codes)
 
 
 def quantized(module: nn.Module, shapes: list, seed: int = 0, scale: float = 1.0, config: QuantConfig = TFLITE):
@@ -103,15 +97,16 @@ def test_fully_connected(granularity):
     assert_bit_exact(nn.Sequential(nn.Linear(40, 24), nn.ReLU()), [(1, 40)], config=config)
 
 
+class Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.a(x) + self.b(x)
+
+
 def test_add_residual():
-    class Residual(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 3, padding=1)
-
-        def forward(self, x):
-            return self.a(x) + self.b(x)
-
     assert_bit_exact(Residual(), [(1, 8, 9, 9)])
 
 
@@ -126,18 +121,17 @@ def test_max_pool(k, s, p):
     assert_bit_exact(nn.MaxPool2d(k, s, p), [(1, 8, 12, 12)])
 
 
+class ConcatPadFlatten(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(4, 6, 1), nn.Conv2d(4, 5, 1)
+
+    def forward(self, x):
+        return F.pad(torch.cat([self.a(x), self.b(x)], dim=1), (1, 2, 0, 1)).flatten(1)
+
+
 def test_concat_reshape_pad():
-    class Net(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a, self.b = nn.Conv2d(4, 6, 1), nn.Conv2d(4, 5, 1)
-
-        def forward(self, x):
-            y = torch.cat([self.a(x), self.b(x)], dim=1)
-            y = F.pad(y, (1, 2, 0, 1))
-            return y.flatten(1)
-
-    assert_bit_exact(Net(), [(1, 4, 6, 7)])
+    assert_bit_exact(ConcatPadFlatten(), [(1, 4, 6, 7)])
 
 
 @pytest.mark.parametrize("granularity", ["per-channel", "per-tensor"])
