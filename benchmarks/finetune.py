@@ -85,6 +85,12 @@ def main() -> int:
     ap.add_argument("--crop-scale", type=float, default=0.08)
     ap.add_argument("--probe-init", action=argparse.BooleanOptionalAction, default=True,
                     help="start fine-tuning from the linear probe (default: yes)")
+    ap.add_argument("--freeze-bn", action=argparse.BooleanOptionalAction, default=True,
+                    help="BatchNorm keeps its pretrained statistics while fine-tuning (default: yes)")
+    ap.add_argument("--val-split", type=float, default=0.0,
+                    help="part of the training photos zoo train holds out to pick the best epoch (default 0: "
+                         "none, it trains on the probe's photos and keeps the last epoch)")
+    ap.add_argument("--label-smoothing", type=float, default=0.1)
     ap.add_argument("--test-fraction", type=float, default=0.4)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -106,7 +112,8 @@ def main() -> int:
         t = time.perf_counter()
         cfg = TrainConfig(model=name, data=str(train_dir), output=str(work / name), epochs=args.epochs,
                           batch_size=args.batch_size, lr=args.lr, warmup_epochs=args.warmup_epochs, seed=args.seed,
-                          workers=2, val_split=0.15, probe_init=args.probe_init, crop_scale=args.crop_scale)
+                          workers=2, val_split=args.val_split, probe_init=args.probe_init, crop_scale=args.crop_scale,
+                          freeze_bn=args.freeze_bn, label_smoothing=args.label_smoothing)
         result = train(cfg, log=lambda m: print(f"  {m}", flush=True), progress=False)
         rows.append({"model": name, "finetune_top1": test_top1(work / name, test_set, args.seed), **baseline,
                      "best_val": result["best_top1"], "train_s": time.perf_counter() - t, "probe_s": probe_s})

@@ -393,6 +393,34 @@ def _step(steps: dict, name: str, layer_progress, fn, *args, **kwargs) -> None:
     steps[name]["seconds"] = round(time.perf_counter() - start, 2)
 
 
+def calibrated_plan(graph, data, config: QuantConfig, *, progress=None, log=None):
+    """(plan, observers, calibration images, seconds): what to quantize and the calibrated
+    ranges, the inputs of :func:`apply_parameters` (QAT re-applies them as weights change).
+    ``make_plan`` may give shared constants a copy per reader: ``graph`` changes in place."""
+    plan = make_plan(graph, config)
+    for node, reason in plan.kept_float:
+        msg = f"node '{node.name}' ({node.op}) kept in float: {reason}"
+        (log or (lambda m: warnings.warn(m, stacklevel=3)))(msg)
+    observers, images, seconds = calibrate(graph, data, plan.activations, config.method, bins=config.bins,
+                                           percentile=config.percentile, engine=config.calibration_engine,
+                                           progress=progress)
+    return plan, observers, images, seconds
+
+
+def record(graph, config: QuantConfig, plan: Plan, images: int, seconds: float, wide_concats: list,
+           steps: dict) -> None:
+    """The quantization record in ``graph.metadata`` (what eval, analyze and the exports report)."""
+    graph.metadata["quantization"] = {
+        "config": config.to_dict(),
+        "calibration_images": images,
+        "calibration_seconds": round(seconds, 3),
+        "quantized_nodes": len(plan.kinds),
+        "float_nodes": [n.name for n, _ in plan.kept_float],
+        "int16_concats": [m.to_dict() for m in wide_concats],
+        **{step: {k: v for k, v in report.items() if not isinstance(v, list)} for step, report in steps.items()},
+    }
+
+
 def quantize(model, data, config=None, *, optimize: bool = True, progress=None, log=None, layer_progress=None):
     """Calibrate on ``data`` (an iterable of input batches, arrays or {name: array})
     and quantize: ``model`` (Graph or path) -> a new quantized Graph.
@@ -410,13 +438,7 @@ def quantize(model, data, config=None, *, optimize: bool = True, progress=None, 
         _step(steps, "equalize", None, equalize, graph)
     if config.bias_correction or config.adaround:
         data = [as_feeds(graph, batch) for batch in data]  # read again after calibration
-    plan = make_plan(graph, config)
-    for node, reason in plan.kept_float:
-        msg = f"node '{node.name}' ({node.op}) kept in float: {reason}"
-        (log or (lambda m: warnings.warn(m, stacklevel=2)))(msg)
-    observers, images, seconds = calibrate(graph, data, plan.activations, config.method, bins=config.bins,
-                                           percentile=config.percentile, engine=config.calibration_engine,
-                                           progress=progress)
+    plan, observers, images, seconds = calibrated_plan(graph, data, config, progress=progress, log=log)
     wide_concats = apply_parameters(graph, plan, observers, config, log)
     compute = {name for name, kind in plan.kinds.items() if kind == "compute"}
     if config.adaround:
@@ -426,14 +448,6 @@ def quantize(model, data, config=None, *, optimize: bool = True, progress=None, 
         _step(steps, "bias_correction", layer_progress, correct_bias, graph, data, compute)
     if config.ort_multipliers:  # last: it depends on the final weights and biases
         _step(steps, "ort_multipliers", None, match_multipliers, graph, compute)
-    graph.metadata["quantization"] = {
-        "config": config.to_dict(),
-        "calibration_images": images,
-        "calibration_seconds": round(seconds, 3),
-        "quantized_nodes": len(plan.kinds),
-        "float_nodes": [n.name for n, _ in plan.kept_float],
-        "int16_concats": [m.to_dict() for m in wide_concats],
-        **{step: {k: v for k, v in report.items() if not isinstance(v, list)} for step, report in steps.items()},
-    }
+    record(graph, config, plan, images, seconds, wide_concats, steps)
     graph.check()
     return graph

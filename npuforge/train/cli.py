@@ -44,8 +44,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("name", help="a zoo model name (`npuforge zoo list`)")
     p.add_argument("--data", required=True, metavar="DIR", help="training images")
     p.add_argument("--val", metavar="DIR", help="validation images (default: a seeded --val-split of --data)")
-    p.add_argument("--val-split", type=_positive_float, default=0.2, metavar="F",
-                   help="fraction of each class held out for validation when --val is not given (default 0.2)")
+    p.add_argument("--val-split", type=_non_negative, default=0.2, metavar="F",
+                   help="fraction of each class held out for validation when --val is not given (default 0.2; "
+                        "0: no validation, train on everything, best.pt is the last epoch)")
     p.add_argument("--output", "-o", required=True, metavar="RUN_DIR", help="where checkpoints and records go")
     p.add_argument("--pretrained", action=argparse.BooleanOptionalAction, default=None,
                    help="start from the published weights (default: yes when the model has them); a classifier "
@@ -79,6 +80,9 @@ def add_train_parser(sub) -> None:
                    help="start the classifier from a linear probe (logistic regression on the frozen pretrained "
                         "features of the training images), then fine-tune everything: a random head's first "
                         "steps no longer tear up the pretrained features")
+    p.add_argument("--freeze-bn", action="store_true",
+                   help="BatchNorm keeps its pretrained running statistics (eval mode) while its scale and shift "
+                        "train: steadier fine-tuning on a few hundred images or small batches")
     p.add_argument("--sync-bn", action="store_true", help="synchronized BatchNorm across processes")
     p.add_argument("--seed", type=int, default=0, help="every random choice follows from it (default 0)")
     p.add_argument("--workers", type=int, default=2, metavar="N", help="image decoding processes (spawned; 0: in the "
@@ -111,13 +115,16 @@ def cmd_train(args) -> int:
                       label_smoothing=args.label_smoothing, crop_scale=args.crop_scale, ema=args.ema, amp=args.amp,
                       clip_grad=args.clip_grad, mixup=args.mixup, cutmix=args.cutmix, seed=args.seed,
                       workers=args.workers, max_bad_steps=args.max_bad_steps, keep=args.keep, sync_bn=args.sync_bn,
-                      probe_init=args.probe_init, save_every=args.save_every, resume=args.resume,
-                      image_size=args.image_size)
+                      probe_init=args.probe_init, freeze_bn=args.freeze_bn, save_every=args.save_every,
+                      resume=args.resume, image_size=args.image_size)
     result = train(cfg, log=lambda m: print(m, file=sys.stderr, flush=True), progress=not args.quiet)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun the first process reports
         return 0
     if args.json:
         print(json.dumps({k: v for k, v in result.items()}, indent=2, default=str))
+    elif not result.get("stopped") and result["best_top1"] is None:
+        print(f"trained {result['best_epoch']} epochs without validation; checkpoints in {result['output']} "
+              f"(best.pt = last.pt)")
     elif not result.get("stopped"):
         print(f"best validation top-1 {result['best_top1']:.2f} % (epoch {result['best_epoch']}); "
               f"checkpoints in {result['output']} (best.pt, last.pt)")

@@ -59,6 +59,7 @@ class TrainConfig:
     max_bad_steps: int = 10
     keep: int = 3  # top-k epoch checkpoints
     probe_init: bool = False  # start from a linear probe of the pretrained features
+    freeze_bn: bool = False  # BatchNorm keeps its (pretrained) statistics; its scale and shift still learn
     sync_bn: bool = False
     save_every: int = 0  # steps between mid-epoch checkpoints; 0: at epoch ends only
     resume: bool = False
@@ -116,6 +117,9 @@ def _datasets(cfg: TrainConfig, log):
         index = {n: i for i, n in enumerate(classes)}
         val = [(str(p), index[n]) for (p, _), n in zip(vd.samples, names)]
         train = samples
+    elif cfg.val_split == 0:
+        train, val = samples, []
+        log(f"no validation (--val-split 0): training on all {len(train)} images; best.pt is the last epoch")
     else:
         train, val = split_samples(samples, cfg.val_split, cfg.seed)
         log(f"validation: a seeded {cfg.val_split:.0%} of each class ({len(val)} images), training on {len(train)}")
@@ -154,9 +158,20 @@ class _EMA:
                 e.copy_(p)
 
 
+def freeze_batchnorm(model) -> int:
+    """BatchNorm layers to eval mode inside a training model: they normalize with their
+    running statistics and stop updating them (small-data fine-tuning, and QAT once the
+    statistics are folded); their affine parameters still train. Returns how many."""
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    for m in layers:
+        m.eval()
+    return len(layers)
+
+
 def _mix(x, y, cfg: TrainConfig, epoch: int, step: int, num_classes: int):
     """Mixup / cutmix of one batch (seeded by epoch and step): inputs and soft targets."""
-    target = F.one_hot(y, num_classes).to(x.dtype)
+    # label -1 (no label: QAT distils the float model) gives a target its loss never reads
+    target = F.one_hot(y.clamp(min=0), num_classes).to(x.dtype)
     if not (cfg.mixup or cfg.cutmix) or len(y) < 2:
         return x, target
     rng = rng_for(cfg.seed, 3, epoch, step)
@@ -186,50 +201,28 @@ class Trainer:
 
     # -- set-up --------------------------------------------------------------------------
     def build(self):
-        from ..zoo import create_model, get_config
-        from ..workflow import preprocess_of
-
         cfg, d = self.cfg, self.dist
         torch.manual_seed(cfg.seed)
         torch.use_deterministic_algorithms(True, warn_only=True)
-        train, val, self.classes, self.class_ids = _datasets(cfg, self.log)
-        n = cfg.num_classes or len(self.classes)
-        if n != len(self.classes):
-            raise NpuforgeError(f"--num-classes {n}: the folder {cfg.data} has {len(self.classes)} classes")
+        train, val = self.datasets()
+        n = len(self.classes)
         self.plan = BatchPlan(len(train), cfg.batch_size, d.world, cfg.seed)
         if self.plan.steps_per_epoch == 0:
             raise NpuforgeError(f"{cfg.data}: {len(train)} training images are fewer than one batch of "
                                 f"{cfg.batch_size} x {d.world} process(es); lower --batch-size")
-        zoo_config = get_config(cfg.model)
-        self.preprocess = preprocess_of(zoo_config)
-        if cfg.image_size:
-            size = cfg.image_size
-            self.preprocess.update(crop_size=[size, size], resize_size=int(round(size / zoo_config.crop_pct)))
-            if cfg.model.startswith("efficientnet_lite"):  # static TF padding: built for its input size
-                cfg.model_kwargs = {**cfg.model_kwargs, "image_size": size}
-        import warnings
-
-        with warnings.catch_warnings():  # a re-initialised classifier is logged by the registry already
-            warnings.simplefilter("ignore", UserWarning)
-            model = create_model(cfg.model, pretrained=cfg.pretrained, num_classes=n, **cfg.model_kwargs)
+        self.preprocess = self.preprocessing()
         from ..workflow import transform_of
 
         pp = self.preprocess
         transform = TrainTransform(tuple(pp["crop_size"]), pp["mean"], pp["std"], pp["interpolation"],
                                    scale=(cfg.crop_scale, 1.0))
-
         self.train_set = SampleSet(train, transform, cfg.seed, train=True)
         self.val_set = SampleSet(val, transform_of(pp), cfg.seed, train=False)
-        if cfg.probe_init:
-            from ..zoo.registry import classifier_of
-            from .probe import features, init_head, probe
-
-            head = classifier_of(model)
-            x, y = features(model, SampleSet(train, transform_of(pp), cfg.seed, train=False), head)
-            probed, mean, std, l2 = probe(x, y, n, cfg.seed)
-            init_head(head, probed, mean, std)
-            self.log(f"classifier initialised from a linear probe of the frozen features (L2 {l2:g})")
+        model = self.make_model(n, train)
         model = model.to(d.device)
+        if cfg.freeze_bn:
+            self.log(f"BatchNorm statistics frozen ({freeze_batchnorm(model)} layers keep their running "
+                     f"statistics; their scale and shift still train)")
         if cfg.sync_bn and d.active:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         self.model = model
@@ -250,6 +243,68 @@ class Trainer:
                       "skipped_images": 0}
         if cfg.resume:
             self._resume()
+
+    # -- what a trainer of another kind of model replaces (QAT: npuforge.qat.trainer) ----------
+    def datasets(self) -> tuple[list, list]:
+        """(training samples, validation samples) as (path, label) lists; sets ``classes`` and
+        ``class_ids``."""
+        train, val, self.classes, self.class_ids = _datasets(self.cfg, self.log)
+        n = self.cfg.num_classes or len(self.classes)
+        if n != len(self.classes):
+            raise NpuforgeError(f"--num-classes {n}: the folder {self.cfg.data} has {len(self.classes)} classes")
+        return train, val
+
+    def preprocessing(self) -> dict:
+        from ..workflow import preprocess_of
+        from ..zoo import get_config
+
+        cfg = self.cfg
+        zoo_config = get_config(cfg.model)
+        pp = preprocess_of(zoo_config)
+        if cfg.image_size:
+            size = cfg.image_size
+            pp.update(crop_size=[size, size], resize_size=int(round(size / zoo_config.crop_pct)))
+            if cfg.model.startswith("efficientnet_lite"):  # static TF padding: built for its input size
+                cfg.model_kwargs = {**cfg.model_kwargs, "image_size": size}
+        return pp
+
+    def make_model(self, n: int, train: list):
+        """The zoo model with ``n`` classes (a probe-initialised head with ``--probe-init``)."""
+        import warnings
+
+        from ..workflow import transform_of
+        from ..zoo import create_model
+
+        cfg = self.cfg
+        with warnings.catch_warnings():  # a re-initialised classifier is logged by the registry already
+            warnings.simplefilter("ignore", UserWarning)
+            model = create_model(cfg.model, pretrained=cfg.pretrained, num_classes=n, **cfg.model_kwargs)
+        if cfg.probe_init:
+            from ..zoo.registry import classifier_of
+            from .probe import features, init_head, probe
+
+            head = classifier_of(model)
+            x, y = features(model, SampleSet(train, transform_of(self.preprocess), cfg.seed, train=False), head)
+            probed, mean, std, l2 = probe(x, y, n, cfg.seed)
+            init_head(head, probed, mean, std)
+            self.log(f"classifier initialised from a linear probe of the frozen features (L2 {l2:g})")
+        return model
+
+    def loss(self, logits, x, y, target):
+        """The training loss of a batch (``target``: one-hot or mixed soft labels)."""
+        return F.cross_entropy(logits.float(), target, label_smoothing=self.cfg.label_smoothing)
+
+    def eval_labels(self, x, y):
+        """The labels validation counts against."""
+        return y
+
+    def payload(self) -> dict:
+        """What a checkpoint records beside the training state, for the commands that use it."""
+        return {"model_name": self.cfg.model, "model_kwargs": self.cfg.model_kwargs}
+
+    def finish(self) -> None:
+        """After the last epoch, on the first process."""
+        self._plot()
 
     def _resume(self):
         path = self.out / "last.pt"
@@ -280,8 +335,7 @@ class Trainer:
     def _checkpoint(self, name: str, metric: float | None = None) -> None:
         if not self.dist.main:
             return
-        state = {"model_name": self.cfg.model, "model_kwargs": self.cfg.model_kwargs, "classes": self.classes,
-                 "class_ids": self.class_ids,
+        state = {**self.payload(), "classes": self.classes, "class_ids": self.class_ids,
                  "preprocess": self.preprocess, "config": asdict(self.cfg), "model": self.model.state_dict(),
                  "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
                  "ema": self.ema.model.state_dict() if self.ema else None, "rng": {"torch": torch.get_rng_state()},
@@ -291,6 +345,8 @@ class Trainer:
     def train_epoch(self, epoch: int, stop_after_step: int | None) -> dict:
         cfg, d = self.cfg, self.dist
         self.net.train()
+        if cfg.freeze_bn:
+            freeze_batchnorm(self.net)
         start = self.state["step"]
         batches = list(self.plan.batches(epoch, d.rank, start))
         bar = None
@@ -309,8 +365,7 @@ class Trainer:
             x, y = x.to(d.device), y.to(d.device)
             x, target = _mix(x, y, cfg, epoch, step, len(self.classes))
             with autocast:
-                logits = self.net(x)
-                loss = F.cross_entropy(logits.float(), target, label_smoothing=cfg.label_smoothing)
+                loss = self.loss(self.net(x), x, y, target)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad or float("inf"))
@@ -358,6 +413,8 @@ class Trainer:
     def evaluate(self) -> dict:
         """Exact over processes: integer counts summed, every image counted once."""
         d = self.dist
+        if not len(self.val_set):
+            return {}
         model = (self.ema.model if self.ema else self.model).eval()
         correct1 = correct5 = total = 0
         loss_sum = 0.0
@@ -365,8 +422,9 @@ class Trainer:
         for x, y, _ in self._loader(batches, self.val_set):
             if not len(y):
                 continue
-            logits = model(x.to(d.device)).float()
-            y = y.to(d.device)
+            x = x.to(d.device)
+            logits = model(x).float()
+            y = self.eval_labels(x, y.to(d.device))
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
             top = logits.topk(min(5, logits.shape[1]), dim=1).indices
             correct1 += int((top[:, 0] == y).sum())
@@ -398,20 +456,23 @@ class Trainer:
                           "skipped_images": self.state["skipped_images"]}
                 self.state.update(epoch=epoch + 1, step=0)
                 self.state["history"].append(record)
-                ranking = sorted(self.state["ranking"] + [(record["val_top1"], epoch + 1)], key=lambda r: -r[0])
+                # without validation the latest epoch ranks first
+                ranking = sorted(self.state["ranking"] + [(record.get("val_top1"), epoch + 1)],
+                                 key=lambda r: -r[1] if r[0] is None else -r[0])
                 self.state["ranking"] = ranking[:cfg.keep]  # every process knows the best epoch
                 if self.dist.main:
-                    self._checkpoint(f"epoch_{epoch + 1:03d}.pt", record["val_top1"])
+                    self._checkpoint(f"epoch_{epoch + 1:03d}.pt", record.get("val_top1"))
                     ckpt.keep_top_k(self.out, ranking, cfg.keep)
                     if self.state["ranking"][0][1] == epoch + 1:
-                        self._checkpoint("best.pt", record["val_top1"])
-                    self._checkpoint("last.pt", record["val_top1"])
+                        self._checkpoint("best.pt", record.get("val_top1"))
+                    self._checkpoint("last.pt", record.get("val_top1"))
                     self._write_records(record)
                 if self.stop_requested or stop_after_step == self.state["global_step"]:
                     raise _Stopped()
-                self.log(f"epoch {epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}, val top-1 "
-                         f"{record['val_top1']:.2f} % ({record['val_correct']}/{record['val_total']}), top-5 "
-                         f"{record['val_top5']:.2f} %, {record['images_per_s']:.1f} images/s")
+                val = (f", val top-1 {record['val_top1']:.2f} % ({record['val_correct']}/{record['val_total']}), "
+                       f"top-5 {record['val_top5']:.2f} %") if "val_top1" in record else ""
+                self.log(f"epoch {epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}{val}, "
+                         f"{record['images_per_s']:.1f} images/s")
                 self.dist.barrier()
         except _Stopped:
             return {"stopped": True, **self.state}
@@ -419,7 +480,7 @@ class Trainer:
             for s, h in previous.items():
                 signal.signal(s, h)
         if self.dist.main:
-            self._plot()
+            self.finish()
         best = self.state["ranking"][0]
         return {"stopped": False, "best_top1": best[0], "best_epoch": best[1], "history": self.state["history"],
                 "output": str(self.out)}
@@ -445,11 +506,14 @@ class Trainer:
         h = self.state["history"]
         fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
         a.plot([r["epoch"] for r in h], [r["train_loss"] for r in h], label="train")
-        a.plot([r["epoch"] for r in h], [r["val_loss"] for r in h], label="validation")
+        validated = "val_loss" in h[-1]
+        if validated:
+            a.plot([r["epoch"] for r in h], [r["val_loss"] for r in h], label="validation")
+            b.plot([r["epoch"] for r in h], [r["val_top1"] for r in h], label="top-1")
+            b.plot([r["epoch"] for r in h], [r["val_top5"] for r in h], label="top-5")
+            b.legend()
         a.set_xlabel("epoch"), a.set_ylabel("loss"), a.legend()
-        b.plot([r["epoch"] for r in h], [r["val_top1"] for r in h], label="top-1")
-        b.plot([r["epoch"] for r in h], [r["val_top5"] for r in h], label="top-5")
-        b.set_xlabel("epoch"), b.set_ylabel("validation accuracy (%)"), b.legend()
+        b.set_xlabel("epoch"), b.set_ylabel("validation accuracy (%)" if validated else "no validation (--val-split 0)")
         fig.tight_layout()
         fig.savefig(self.out / "curves.png", dpi=100)
         plt.close(fig)
@@ -459,10 +523,10 @@ class _Stopped(Exception):
     """Raised inside the epoch loop when the run stops early (an interruption or a test)."""
 
 
-def train(cfg: TrainConfig, log=print, progress: bool = True, stop_after_step: int | None = None) -> dict:
+def train_with(trainer: Trainer, stop_after_step: int | None = None) -> dict:
+    """Run a trainer (a zoo model's, or QAT's), leaving torch's determinism settings as they were."""
     deterministic = (torch.are_deterministic_algorithms_enabled(),
                      torch.is_deterministic_algorithms_warn_only_enabled())
-    trainer = Trainer(cfg, log, progress)
     try:
         return trainer.run(stop_after_step)
     finally:
@@ -470,4 +534,8 @@ def train(cfg: TrainConfig, log=print, progress: bool = True, stop_after_step: i
         torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])  # as the caller had it
 
 
-__all__ = ["TrainConfig", "Trainer", "train"]
+def train(cfg: TrainConfig, log=print, progress: bool = True, stop_after_step: int | None = None) -> dict:
+    return train_with(Trainer(cfg, log, progress), stop_after_step)
+
+
+__all__ = ["TrainConfig", "Trainer", "train", "train_with"]

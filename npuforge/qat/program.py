@@ -1,0 +1,158 @@
+"""The QAT model: a float IR whose forward is the integer program, with straight-through
+gradients.
+
+Each forward first decides the integers from the current float weights exactly as
+``npuforge quantize`` does (:func:`~npuforge.quant.quantize.apply_parameters` on the
+calibrated ranges: weight scales, int8 weights, int32 bias at input x weight scale,
+requantization multipliers, tables, shared scales), then runs the graph node by node
+twice over the same inputs:
+
+* the integer simulator's kernel for the node (``IntegerSimulator._node``), on the codes:
+  this gives the forward value, so the QAT model computes what the deployed program
+  computes, bit for bit (rounding, saturation, fixed-point multipliers, tables);
+* the op's float forward on the dequantized inputs, with the weights fake-quantized:
+  this only carries the gradient (straight through the rounding; zero where the output
+  saturates at the edge of its grid).
+
+The value passed on is ``y_float + (dequantize(y_int) - y_float).detach()``. BatchNorm is
+folded into the convolutions by the optimizer before any of this, with the model's own
+epsilon, so its statistics are frozen from the start. Activation scales stay those of
+the PTQ calibration; weight scales follow the weights.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from ..errors import NpuforgeError
+from ..ops.registry import get_op
+from ..quant.config import QuantConfig
+from ..quant.quantize import apply_parameters, calibrated_plan, record
+from ..sim.float_exec import check_feeds, execute, last_uses
+from ..sim.integer import IntegerSimulator, quantize_input
+
+
+def trainable_constants(graph, plan) -> list[str]:
+    """The float weights and biases of the quantized compute nodes (Conv, Gemm, MatMul with
+    a constant operand), in graph order: what QAT trains."""
+    names = []
+    for node in graph.nodes:
+        if plan.kinds.get(node.name) != "compute":
+            continue
+        for name in node.inputs[1:3]:
+            v = graph.values.get(name) if name else None
+            if v is not None and v.is_const and np.asarray(v.data).dtype.kind == "f" and name not in names:
+                names.append(name)
+    return names
+
+
+class QATProgram(torch.nn.Module):
+    """``QATProgram(float_graph, calibration_batches, config)``; ``forward(x)`` -> the
+    integer program's dequantized outputs (float32, with gradients); ``quantized()`` -> the
+    quantized IR of the current weights; ``teacher(x)`` -> the float graph's outputs."""
+
+    def __init__(self, graph, data, config: QuantConfig | dict | None = None, rounding: str = "fixedpoint",
+                 log=None, progress=None):
+        super().__init__()
+        config = config if isinstance(config, QuantConfig) else QuantConfig.from_dict(dict(config or {}))
+        unsupported = [k for k in ("equalize", "adaround", "bias_correction", "ort_multipliers") if getattr(config, k)]
+        if unsupported:
+            raise NpuforgeError(f"QAT trains the weights itself; drop {', '.join('--' + k.replace('_', '-') for k in unsupported)}")
+        if len(graph.inputs) != 1:
+            raise NpuforgeError(f"graph '{graph.name}' has {len(graph.inputs)} inputs; QAT takes one image input")
+        self.template = copy.deepcopy(graph)
+        self.config, self.rounding = config, rounding
+        self.log = log or (lambda message: None)
+        self.plan, self.observers, self.images, self.seconds = calibrated_plan(
+            self.template, data, config, progress=progress, log=self.log)
+        self.names = trainable_constants(self.template, self.plan)
+        if not self.names:
+            raise NpuforgeError(f"graph '{graph.name}' has no quantized Conv / Gemm / MatMul weights to train")
+        self.weights = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.from_numpy(np.array(self.template.values[n].data, np.float32)))
+             for n in self.names])
+        self._cache = None  # (weight versions, quantized graph)
+
+    # -- the integers of the current weights ----------------------------------------------
+    def quantized(self, log=None):
+        """The quantized IR of the current weights: the float graph with them, quantized with
+        the calibrated ranges as ``npuforge quantize`` would (the same integers decision).
+        Cached until a weight changes."""
+        versions = tuple(w._version for w in self.weights)
+        if self._cache is not None and self._cache[0] == versions and log is None:
+            return self._cache[1]
+        memo = {id(self.template.values[n].data): w.detach().cpu().numpy().copy()
+                for n, w in zip(self.names, self.weights)}
+        graph = copy.deepcopy(self.template, memo)
+        wide = apply_parameters(graph, self.plan, self.observers, self.config, log or (lambda m: None))
+        record(graph, self.config, self.plan, self.images, self.seconds, wide, {})
+        self._cache = (versions, graph)
+        return graph
+
+    @torch.no_grad()
+    def teacher(self, x: torch.Tensor) -> torch.Tensor:
+        """The float model's output (the original weights), the distillation target."""
+        return torch.from_numpy(execute(self.template, {self.template.inputs[0]: x.numpy()})
+                                [self.template.outputs[0]])
+
+    # -- the forward ----------------------------------------------------------------------
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        graph = self.quantized()
+        sim = IntegerSimulator(graph, self.rounding)
+        if not torch.is_grad_enabled():  # evaluation: the integer program alone
+            return torch.from_numpy(sim.run({graph.inputs[0]: x.detach().cpu().numpy()})[graph.outputs[0]])
+        values = graph.values
+        trained = dict(zip(self.names, self.weights))
+        name = graph.inputs[0]
+        p = values[name].quant
+        feed = check_feeds(graph, {name: x.detach().cpu().numpy()})[name]
+        codes = torch.from_numpy(quantize_input(feed.numpy(), p))
+        ints = {name: codes}
+        floats = {name: torch.from_numpy(p.dequantize(codes.numpy()))}
+        last_use, keep = last_uses(graph), set(graph.outputs)
+
+        def operand(value_name):
+            if not value_name:
+                return None
+            if value_name in floats:
+                return floats[value_name]
+            v = values[value_name]
+            data = torch.from_numpy(np.array(v.data))
+            if value_name in trained:  # fake-quantized, straight through
+                w = trained[value_name]
+                grid = torch.from_numpy(v.quant.dequantize(v.quant.quantize(v.data)))
+                return w + (grid - w).detach()
+            if v.quant is not None and data.dtype.is_floating_point:
+                return torch.from_numpy(v.quant.dequantize(v.quant.quantize(v.data)))
+            return data
+
+        for index, node in enumerate(graph.nodes):
+            with torch.no_grad():
+                try:
+                    exact = sim._node(node, ints)
+                except (RuntimeError, ValueError, IndexError) as e:
+                    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    raise NpuforgeError(f"node '{node.name}' ({node.op}) failed in the integer simulator: "
+                                        f"{first}") from None
+            approx = get_op(node.op).forward(node, [operand(i) for i in node.inputs])
+            for out, yi, yf in zip(node.outputs, exact, approx):
+                if not out:
+                    continue
+                ints[out] = yi
+                q = values[out].quant
+                if not yi.dtype.is_floating_point and q is not None:
+                    inside = ((yi > q.qmin) & (yi < q.qmax)).to(yf.dtype)  # no gradient where it saturates
+                    yf = yf * inside
+                    floats[out] = yf + (torch.from_numpy(q.dequantize(yi.numpy())) - yf).detach()
+                elif yi.dtype.is_floating_point and yf.dtype.is_floating_point:
+                    floats[out] = yf + (yi - yf).detach()
+                else:
+                    floats[out] = yi  # integer shape arithmetic
+            for used in set(node.inputs):
+                if used and last_use.get(used) == index and used not in keep:
+                    ints.pop(used, None)
+                    floats.pop(used, None)
+        return floats[graph.outputs[0]]

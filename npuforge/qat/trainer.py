@@ -1,0 +1,176 @@
+"""``npuforge qat``'s training: the training command's loop (:class:`~npuforge.train.loop.Trainer`,
+with its progress bar, checkpoints, exact resume, NaN guard and torchrun support) on a
+:class:`~npuforge.qat.program.QATProgram` instead of a zoo module.
+
+The target is the float model's output (distillation: KL divergence of the softened
+distributions, so a folder of unlabelled images is enough) or, with ``labels``, the
+folder's labels. Validation counts top-1 against the labels where the folder has them,
+else agreement with the float model's top-1. The result, the quantized IR of the best
+epoch's weights, is written at ``result`` with the float model's preprocessing and class
+table and a ``qat`` record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import NpuforgeError
+from ..train import checkpoint as ckpt
+from ..train.loop import TrainConfig, Trainer
+from .program import QATProgram
+
+FORMAT = "npuforge-qat-1"
+
+
+@dataclass
+class QATConfig(TrainConfig):
+    result: str = ""  # where the quantized IR goes (OUT.nfir)
+    quant: dict = field(default_factory=dict)  # QuantConfig fields: granularity, symmetric, ...
+    labels: bool = False  # train on the folder's labels instead of distilling the float model
+    temperature: float = 1.0  # of the distillation
+    num_calib: int = 100  # calibration images (the first training images, in file order)
+    rounding: str = "fixedpoint"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.temperature <= 0:
+            raise NpuforgeError(f"--temperature {self.temperature}: give a positive number")
+        if self.num_calib < 1:
+            raise NpuforgeError(f"--num-calib {self.num_calib}: give a positive number of images")
+
+
+def _images(root: Path) -> list[Path]:
+    from ..zoo.data import _is_image
+
+    if not root.is_dir():
+        raise NpuforgeError(f"{root}: no such folder (--data)")
+    files = sorted(p for p in root.rglob("*") if _is_image(p) and not any(
+        part.startswith(".") for part in p.relative_to(root).parts))
+    if not files:
+        raise NpuforgeError(f"{root}: no images found; point --data at a folder of images (labels optional)")
+    return files
+
+
+class QATTrainer(Trainer):
+    def __init__(self, cfg: QATConfig, graph, log=print, progress: bool = True):
+        super().__init__(cfg, log, progress)
+        self.graph = graph  # the optimized float graph
+        self.labelled = False
+
+    def datasets(self):
+        from ..train.data import split_samples
+        from ..zoo.data import ClassTable, ImageDataset
+
+        cfg, graph = self.cfg, self.graph
+        outputs = graph.values[graph.outputs[0]].shape
+        width = outputs[-1] if outputs and isinstance(outputs[-1], int) else None
+        table = graph.metadata.get("class_table")
+        table = ClassTable(tuple(table["wnids"]), tuple(table["names"]), source="the model") if table else None
+        files = _images(Path(cfg.data))
+        try:
+            ds = ImageDataset(cfg.data, table)
+            labels = {str(p): label for p, label in ds.samples}
+            names = list(ds.classes)
+        except NpuforgeError:  # no labels this model knows: distillation only
+            labels, names = {}, None
+        self.labelled = bool(labels) and len(labels) == len(files) and (width is None or len(names) == width)
+        if cfg.labels and not self.labelled:
+            raise NpuforgeError(f"--labels: {cfg.data} has no labels for this model's {width} classes (class "
+                                f"subfolders or <wnid>_name files of its class table); drop --labels to distil "
+                                f"the float model")
+        self.classes = names if self.labelled else [str(k) for k in range(width or 1)]
+        self.class_ids = list(self.classes)
+        samples = [(str(p), labels[str(p)] if self.labelled else 0) for p in files]
+        train, val = (samples, []) if cfg.val_split == 0 else split_samples(samples, cfg.val_split, cfg.seed)
+        if not self.labelled:  # -1: no label (validation asks the float model)
+            train, val = ([(p, -1) for p, _ in part] for part in (train, val))
+        self.log(f"{len(train)} training and {len(val)} validation images; "
+                 + ("labels from the folder" if self.labelled else "no labels: validation counts agreement "
+                    "with the float model's top-1")
+                 + ("" if cfg.labels else "; target: the float model's output (distillation)"))
+        return train, val
+
+    def preprocessing(self) -> dict:
+        return dict(self.graph.metadata["preprocess"])
+
+    def make_model(self, n: int, train: list):
+        from ..train.data import SampleSet, collate, eval_batches
+        from ..workflow import transform_of
+
+        cfg = self.cfg
+        calib = SampleSet(train[:cfg.num_calib], transform_of(self.preprocess), cfg.seed, train=False)
+
+        def batches():
+            for batch in eval_batches(len(calib), 25, 1, 0):
+                x, _, _ = collate([calib[k] for k in batch])
+                if len(x):
+                    yield x.numpy()
+
+        self.program = QATProgram(self.graph, batches(), self.cfg.quant, rounding=cfg.rounding, log=self.log)
+        self.log(f"calibrated on {self.program.images} images; training {len(self.program.names)} weight and "
+                 f"bias tensors of {sum(w.numel() for w in self.program.weights)} values "
+                 f"({self.program.config.granularity} weights)")
+        return self.program
+
+    def loss(self, logits, x, y, target):
+        if self.cfg.labels:
+            return F.cross_entropy(logits.float(), target, label_smoothing=self.cfg.label_smoothing)
+        t = self.cfg.temperature
+        teacher = F.softmax(self.program.teacher(x) / t, dim=1)
+        return F.kl_div(F.log_softmax(logits.float() / t, dim=1), teacher, reduction="batchmean") * t * t
+
+    def eval_labels(self, x, y):
+        return y if self.labelled else self.program.teacher(x).argmax(1)
+
+    def payload(self) -> dict:
+        return {"format": FORMAT, "model_name": self.cfg.model, "model_kwargs": {}}
+
+    def finish(self) -> None:
+        import npuforge
+
+        best = self.state["ranking"][0][1]
+        state = ckpt.load(self.out / f"epoch_{best:03d}.pt")
+        self.program.load_state_dict(state["model"])
+        graph = self.program.quantized(log=self.log)
+        history = self.state["history"]
+        graph.metadata["qat"] = {
+            "source": self.cfg.model, "epochs": self.cfg.epochs, "best_epoch": best,
+            "training_images": len(self.train_set), "validation_images": len(self.val_set),
+            "target": "labels" if self.cfg.labels else f"distillation (temperature {self.cfg.temperature:g})",
+            "lr": self.lr, "rounding": self.cfg.rounding,
+            "val_top1": history[best - 1].get("val_top1"),
+        }
+        result = Path(self.cfg.result)
+        result.parent.mkdir(parents=True, exist_ok=True)
+        npuforge.save(graph, result)
+        self.log(f"wrote {result} (the weights of epoch {best})")
+        self._plot()
+
+
+def prepare_graph(spec: str, log=None, input_shapes: dict | None = None):
+    """MODEL (zoo name, run checkpoint, ONNX file, saved float IR) -> the optimized float graph."""
+    from ..passes import optimize
+    from ..workflow import resolve_model
+
+    graph = resolve_model(spec, log=log, input_shapes=input_shapes)
+    if any(v.quant is not None for v in graph.values.values()):
+        raise NpuforgeError(f"{spec} is already quantized; give the float model (zoo name, checkpoint, ONNX or "
+                            f"float IR)")
+    optimized = optimize(graph)[0]
+    optimized.metadata.update({k: v for k, v in graph.metadata.items() if k not in optimized.metadata})
+    return optimized
+
+
+def qat(cfg: QATConfig, graph=None, log=print, progress: bool = True, stop_after_step: int | None = None) -> dict:
+    """Train ``cfg.model`` (or the given optimized float ``graph``) with QAT; the result record."""
+    from ..train.loop import train_with
+
+    graph = graph if graph is not None else prepare_graph(cfg.model, log)
+    return train_with(QATTrainer(cfg, graph, log, progress), stop_after_step)
+
+
+__all__ = ["FORMAT", "QATConfig", "QATTrainer", "prepare_graph", "qat"]

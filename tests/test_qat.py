@@ -1,0 +1,218 @@
+"""npuforge qat: the QAT forward is the integer program (equal to the integer simulator
+after rounding, with the quantizer's own integers), gradients reach every weight, the
+training loop's resume holds, unlabelled folders distil, bad inputs get one-line errors.
+
+Small: CNNs of a few channels on 16x16 images, CPU."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import npuforge
+from npuforge.cli import main
+from npuforge.errors import NpuforgeError
+from npuforge.passes import optimize
+from npuforge.qat import QATProgram
+from npuforge.qat.trainer import QATConfig, qat
+from npuforge.sim.integer import IntegerSimulator
+
+from test_train import make_folder
+
+PREPROCESS = {"resize_size": 16, "crop_size": [16, 16], "interpolation": "bilinear", "mean": [128.0] * 3,
+              "std": [64.0] * 3, "source": "test"}
+
+
+class Stack(torch.nn.Module):
+    """Conv-BN-ReLU stacks, a depthwise ReLU6 with a residual add, a concat of a sigmoid
+    (a table) and a plain conv, hardswish (a table), a global mean and a classifier."""
+
+    def __init__(self, classes: int = 5):
+        super().__init__()
+        self.c1, self.b1 = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8, eps=1e-3)
+        self.c2, self.b2 = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.BatchNorm2d(8)
+        self.c3, self.c4 = torch.nn.Conv2d(8, 4, 1), torch.nn.Conv2d(8, 4, 1)
+        self.fc = torch.nn.Linear(8, classes)
+
+    def forward(self, x):
+        a = torch.relu(self.b1(self.c1(x)))
+        b = torch.nn.functional.relu6(self.b2(self.c2(a))) + a
+        c = torch.cat([torch.sigmoid(self.c3(b)), self.c4(b)], 1)
+        return self.fc(torch.nn.functional.hardswish(c).mean((2, 3)))
+
+
+def float_graph(classes: int = 5, seed: int = 0):
+    torch.manual_seed(seed)
+    net = Stack(classes)
+    for m in net.modules():  # statistics away from the identity, so folding them matters
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    graph = optimize(npuforge.from_torch(net.eval(), torch.zeros(1, 3, 16, 16)))[0]
+    graph.metadata["preprocess"] = dict(PREPROCESS)
+    return graph
+
+
+def calibration(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((4, 3, 16, 16)).astype(np.float32) for _ in range(2)]
+
+
+CONFIGS = [{"granularity": "per-tensor"}, {"granularity": "per-channel"},
+           {"granularity": "per-channel", "activation_dtype": "int8", "symmetric": True},
+           {"granularity": "per-channel", "activation_dtype": "int8", "tflite_multipliers": True}]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_qat_forward_is_the_integer_program(config):
+    graph = float_graph()
+    program = QATProgram(graph, calibration(), config)
+    x = np.random.default_rng(1).standard_normal((3, 3, 16, 16)).astype(np.float32) * 1.5
+    with torch.enable_grad():
+        y = program(torch.from_numpy(x))
+    q = program.quantized()
+    assert {n.op for n in q.nodes} >= {"Conv", "Add", "Concat", "Sigmoid", "HardSwish", "Gemm"}
+    ref = IntegerSimulator(q).run({q.inputs[0]: x})[q.outputs[0]]
+    np.testing.assert_array_equal(y.detach().numpy(), ref)  # the same codes, dequantized
+    with torch.no_grad():  # the evaluation forward: the simulator alone
+        np.testing.assert_array_equal(program(torch.from_numpy(x)).numpy(), ref)
+    # the integers are the quantizer's own decision
+    expected = npuforge.quantize(graph, calibration(), config, optimize=False)
+    for mine, theirs in zip(q.nodes, expected.nodes):
+        assert mine.quant.keys() == theirs.quant.keys(), mine.name
+        for role in mine.quant:
+            np.testing.assert_array_equal(np.asarray(q.values[mine.quant[role]].data),
+                                          np.asarray(expected.values[theirs.quant[role]].data), err_msg=role)
+
+
+def test_gradients_reach_every_weight_and_training_moves_the_integers():
+    program = QATProgram(float_graph(), calibration(), {"granularity": "per-tensor"})
+    before = {n.name: np.array(program.quantized().values[n.quant["weight"]].data)
+              for n in program.quantized().nodes if "weight" in n.quant}
+    x = torch.from_numpy(calibration(2)[0])
+    target = program.teacher(x).argmax(1)
+    opt = torch.optim.SGD(program.parameters(), lr=0.05)
+    for _ in range(3):
+        loss = torch.nn.functional.cross_entropy(program(x), (target + 1) % 5)  # somewhere else to go
+        opt.zero_grad()
+        loss.backward()
+        assert all(w.grad is not None and float(w.grad.abs().sum()) > 0 for w in program.weights)
+        opt.step()
+    after = program.quantized()
+    moved = [n.name for n in after.nodes if "weight" in n.quant
+             and not np.array_equal(before[n.name], after.values[n.quant["weight"]].data)]
+    assert len(moved) == len(before), moved
+
+
+def test_a_saturating_output_passes_no_gradient():
+    """Straight through inside the output's grid, zero where it saturates at an edge: the
+    weight gradient of sum(y) is the convolution's with the output gradient 1 inside, 0 at
+    qmin / qmax."""
+    torch.manual_seed(0)
+    graph = optimize(npuforge.from_torch(torch.nn.Conv2d(3, 4, 3).eval(), torch.zeros(1, 3, 16, 16)))[0]
+    program = QATProgram(graph, calibration(), {"granularity": "per-tensor"})
+    x = torch.from_numpy(calibration(3)[0] * 3)  # beyond the calibrated range: many outputs saturate
+    program(x).sum().backward()
+    q = program.quantized()
+    conv = q.nodes[0]
+    xp, yp, wp = (q.values[n].quant for n in (conv.inputs[0], conv.outputs[0], conv.inputs[1]))
+    codes = IntegerSimulator(q).run({q.inputs[0]: x.numpy()}, dequantize=False)[q.outputs[0]]
+    inside = torch.from_numpy(((codes > yp.qmin) & (codes < yp.qmax)).astype(np.float32))
+    assert 0.1 < float(inside.mean()) < 0.9
+    w = torch.from_numpy(wp.dequantize(wp.quantize(q.values[conv.inputs[1]].data))).requires_grad_()
+    xq = torch.from_numpy(xp.dequantize(xp.quantize(x.numpy())))
+    (torch.nn.functional.conv2d(xq, w) * inside).sum().backward()
+    torch.testing.assert_close(program.weights[0].grad, w.grad)
+
+
+def qat_config(root: Path, data, **kw) -> QATConfig:
+    base = dict(model="stack", data=str(data), output=str(root / "run"), result=str(root / "q.nfir"), epochs=2,
+                batch_size=4, lr=0.02, workers=0, val_split=0.25, num_calib=8, label_smoothing=0.0,
+                quant={"granularity": "per-tensor"})
+    return QATConfig(**{**base, **kw})
+
+
+def quiet(msg):
+    pass
+
+
+def test_training_on_labels_lowers_the_loss_and_writes_the_program_it_evaluated(tmp_path):
+    data = make_folder(tmp_path / "data", per_class=8)
+    result = qat(qat_config(tmp_path, data, labels=True, epochs=5, lr=0.2), float_graph(classes=3),
+                 log=quiet, progress=False)
+    losses = [r["train_loss"] for r in result["history"]]
+    assert losses[-1] < 0.8 * losses[0], losses
+    q = npuforge.load(tmp_path / "q.nfir")
+    assert q.metadata["qat"]["best_epoch"] == result["best_epoch"]
+    # the written IR, run by the integer simulator, scores what QAT's evaluation counted
+    from npuforge.train.data import SampleSet, collate, eval_batches, split_samples
+    from npuforge.workflow import transform_of
+
+    trainer_val = result["history"][result["best_epoch"] - 1]
+    samples = [(str(p), ["blue", "green", "red"].index(p.parent.name)) for p in sorted(data.rglob("*.png"))]
+    _, val = split_samples(samples, 0.25, 0)
+    images = SampleSet(val, transform_of(PREPROCESS), 0, train=False)
+    x, y, _ = collate([images[k] for k in next(iter(eval_batches(len(val), len(val), 1, 0)))])
+    logits = IntegerSimulator(q).run({q.inputs[0]: x.numpy()})[q.outputs[0]]
+    assert int((logits.argmax(1) == y.numpy()).sum()) == trainer_val["val_correct"]
+
+
+def test_killed_and_resumed_equals_uninterrupted(tmp_path):
+    data = make_folder(tmp_path / "data", per_class=8)
+    whole = tmp_path / "whole"
+    qat(qat_config(whole, data), float_graph(), log=quiet, progress=False)
+    parts = tmp_path / "parts"
+    stopped = qat(qat_config(parts, data), float_graph(), log=quiet, progress=False, stop_after_step=5)
+    assert stopped["stopped"]
+    qat(qat_config(parts, data, resume=True), float_graph(), log=quiet, progress=False)
+    a = torch.load(whole / "run" / "last.pt", weights_only=True)["model"]
+    b = torch.load(parts / "run" / "last.pt", weights_only=True)["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the same integers written (the text differs only in the calibration's timing)
+    assert (whole / "q.safetensors").read_bytes() == (parts / "q.safetensors").read_bytes()
+
+
+def test_an_unlabelled_folder_trains_by_distillation(tmp_path):
+    flat = tmp_path / "photos"
+    flat.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(flat / f"shot{i}.png")
+    result = qat(qat_config(tmp_path, flat, val_split=0.25), float_graph(), log=quiet, progress=False)
+    assert not result["stopped"] and (tmp_path / "q.nfir").is_file()
+    assert all(r["val_total"] == 3 for r in result["history"])  # agreement with the float model's top-1
+    with pytest.raises(NpuforgeError, match="--labels: .* has no labels"):
+        qat(qat_config(tmp_path, flat, labels=True), float_graph(), log=quiet, progress=False)
+
+
+def test_bad_inputs_get_one_line_errors(tmp_path, capsys):
+    graph = float_graph()
+    npuforge.save(graph, tmp_path / "f.nfir")
+    q = npuforge.quantize(graph, calibration(), optimize=False)
+    npuforge.save(q, tmp_path / "q.nfir")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    data = make_folder(tmp_path / "data", per_class=2)
+    cases = [
+        (["qat", str(tmp_path / "q.nfir"), "--data", str(data), "-o", str(tmp_path / "o.nfir")], "already quantized"),
+        (["qat", str(tmp_path / "f.nfir"), "--data", str(empty), "-o", str(tmp_path / "o.nfir")], "no images found"),
+        (["qat", str(tmp_path / "f.nfir"), "--data", str(tmp_path / "nowhere"), "-o", str(tmp_path / "o.nfir")],
+         "no such folder"),
+        (["qat", str(tmp_path / "f.nfir"), "--data", str(data), "-o", str(tmp_path / "o.nfir"), "--batch-size",
+          "64", "-q"], "fewer than one batch"),
+        (["qat", str(tmp_path / "f.nfir"), "--data", str(data), "-o", str(tmp_path / "o.nfir"), "--epochs", "0"],
+         "must be at least 1"),
+    ]
+    for argv, message in cases:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        errors = [line for line in err.splitlines() if line.startswith("npuforge: error:")]
+        assert len(errors) == 1 and message in errors[0] and "Traceback" not in err, (argv, err)
+    assert not (tmp_path / "o.nfir").exists()
+    shutil.rmtree(tmp_path / "data")
