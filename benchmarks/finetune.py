@@ -91,6 +91,7 @@ def main() -> int:
                     help="part of the training photos zoo train holds out to pick the best epoch (default 0: "
                          "none, it trains on the probe's photos and keeps the last epoch)")
     ap.add_argument("--label-smoothing", type=float, default=0.1)
+    ap.add_argument("--clip-grad", type=float, default=0.0, help="clip the gradient norm (default: no)")
     ap.add_argument("--test-fraction", type=float, default=0.4)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -113,7 +114,8 @@ def main() -> int:
         cfg = TrainConfig(model=name, data=str(train_dir), output=str(work / name), epochs=args.epochs,
                           batch_size=args.batch_size, lr=args.lr, warmup_epochs=args.warmup_epochs, seed=args.seed,
                           workers=2, val_split=args.val_split, probe_init=args.probe_init, crop_scale=args.crop_scale,
-                          freeze_bn=args.freeze_bn, label_smoothing=args.label_smoothing)
+                          freeze_bn=args.freeze_bn, label_smoothing=args.label_smoothing,
+                          clip_grad=args.clip_grad)
         result = train(cfg, log=lambda m: print(f"  {m}", flush=True), progress=False)
         rows.append({"model": name, "finetune_top1": test_top1(work / name, test_set, args.seed), **baseline,
                      "best_val": result["best_top1"], "train_s": time.perf_counter() - t, "probe_s": probe_s})

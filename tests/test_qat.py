@@ -65,7 +65,8 @@ def calibration(seed: int = 0):
 
 CONFIGS = [{"granularity": "per-tensor"}, {"granularity": "per-channel"},
            {"granularity": "per-channel", "activation_dtype": "int8", "symmetric": True},
-           {"granularity": "per-channel", "activation_dtype": "int8", "tflite_multipliers": True}]
+           {"granularity": "per-channel", "activation_dtype": "int8", "tflite_multipliers": True},
+           {"granularity": "per-tensor", "equalize": True, "bias_correction": True}]  # QAT's start: quantize's
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
@@ -216,3 +217,42 @@ def test_bad_inputs_get_one_line_errors(tmp_path, capsys):
         assert len(errors) == 1 and message in errors[0] and "Traceback" not in err, (argv, err)
     assert not (tmp_path / "o.nfir").exists()
     shutil.rmtree(tmp_path / "data")
+
+
+def test_target_drop_climbs_the_recipes_in_order_and_stops_at_the_first_that_meets_it(tmp_path, capsys,
+                                                                                      monkeypatch):
+    """Each rung really quantizes (QAT included) and is scored on the held-out images; the
+    scores are then replaced by a schedule (float 100, rungs 50, 60, 70, 100) so the climb is
+    known: with D = 0 only QAT meets it. Without labels of the model's classes the drop is
+    100 - top-1 agreement with the float model."""
+    import json
+
+    from npuforge.quant import ladder
+
+    graph = float_graph(classes=3)
+    npuforge.save(graph, tmp_path / "f.nfir")
+    data = make_folder(tmp_path / "data", per_class=6)
+    base = ["quantize", str(tmp_path / "f.nfir"), "--calib", str(data), "--held-out", "6", "--num-calib", "12",
+            "--granularity", "per-tensor", "--qat-epochs", "1", "--batch-size", "4", "-q", "--json"]
+    assert main(base + ["-o", str(tmp_path / "easy.nfir"), "--target-drop", "100"]) == 0
+    easy = json.loads(capsys.readouterr().out)
+    assert [r["rung"] for r in easy["rungs"]] == ["defaults"] and easy["chosen"] == "defaults"
+
+    real, scores = ladder._top1_or_agreement, iter([100.0, 50.0, 60.0, 70.0, 100.0])
+    seen = []
+
+    def scheduled(logits, labels, reference):
+        seen.append(real(logits, labels, reference))
+        return next(scores)
+
+    monkeypatch.setattr(ladder, "_top1_or_agreement", scheduled)
+    assert main(base + ["-o", str(tmp_path / "hard.nfir"), "--target-drop", "0"]) == 0
+    hard = json.loads(capsys.readouterr().out)
+    assert [r["rung"] for r in hard["rungs"]] == [name for name, _ in ladder.RUNGS]
+    assert [r["drop"] for r in hard["rungs"]] == [50.0, 40.0, 30.0, 0.0] and hard["chosen"] == "QAT"
+    assert len(seen) == 5 and all(0 <= v <= 100 for v in seen)
+    q = npuforge.load(tmp_path / "hard.nfir")
+    assert q.metadata["quantization"]["target_drop"]["rungs"] == hard["rungs"]
+    assert "qat" in q.metadata  # the QAT rung's IR was written
+    assert main(base + ["-o", str(tmp_path / "x.nfir"), "--target-drop", "1", "--equalize"]) == 2
+    assert "--target-drop picks the recipe itself; drop --equalize" in capsys.readouterr().err

@@ -35,6 +35,10 @@ def add_qat_parser(sub) -> None:
                    help="activation type (default uint8, asymmetric)")
     p.add_argument("--symmetric", action="store_true", help="symmetric activations")
     p.add_argument("--tflite-multipliers", action="store_true", help="TFLite's integer arithmetic (as quantize)")
+    p.add_argument("--equalize", action="store_true",
+                   help="start from cross-layer equalized weights (as quantize --equalize; helps per-tensor most)")
+    p.add_argument("--bias-correction", action="store_true",
+                   help="start from bias-corrected biases (as quantize --bias-correction)")
     p.add_argument("--num-calib", type=_positive_int, default=100, metavar="N",
                    help="calibration images: the first N training images (default 100)")
     p.add_argument("--labels", action="store_true",
@@ -66,7 +70,8 @@ def cmd_qat(args) -> int:
 
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     quant = {"granularity": args.granularity, "activation_dtype": args.activation_dtype,
-             "symmetric": args.symmetric, "tflite_multipliers": args.tflite_multipliers}
+             "symmetric": args.symmetric, "tflite_multipliers": args.tflite_multipliers, "equalize": args.equalize,
+             "bias_correction": args.bias_correction}
     run_dir = args.run_dir or str(Path(args.output).with_suffix(".qat"))
     cfg = QATConfig(model=args.model, data=args.data, output=run_dir, result=args.output, quant=quant,
                     labels=args.labels, temperature=args.temperature, num_calib=args.num_calib,

@@ -23,6 +23,7 @@ the PTQ calibration; weight scales follow the weights.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -33,6 +34,21 @@ from ..quant.config import QuantConfig
 from ..quant.quantize import apply_parameters, calibrated_plan, record
 from ..sim.float_exec import check_feeds, execute, last_uses
 from ..sim.integer import IntegerSimulator, quantize_input
+
+
+class _StraightThrough(torch.autograd.Function):
+    """Forward: the exact value. Backward: the float op's gradient, masked to zero where the
+    integer output saturated (``inside`` False)."""
+
+    @staticmethod
+    def forward(ctx, approx, exact, inside):
+        ctx.save_for_backward(inside)
+        return exact
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inside,) = ctx.saved_tensors
+        return grad * inside, None, None
 
 
 def trainable_constants(graph, plan) -> list[str]:
@@ -58,23 +74,49 @@ class QATProgram(torch.nn.Module):
                  log=None, progress=None):
         super().__init__()
         config = config if isinstance(config, QuantConfig) else QuantConfig.from_dict(dict(config or {}))
-        unsupported = [k for k in ("equalize", "adaround", "bias_correction", "ort_multipliers") if getattr(config, k)]
+        unsupported = [k for k in ("adaround", "ort_multipliers") if getattr(config, k)]
         if unsupported:
-            raise NpuforgeError(f"QAT trains the weights itself; drop {', '.join('--' + k.replace('_', '-') for k in unsupported)}")
+            raise NpuforgeError(f"QAT learns the weights itself; drop "
+                                f"{', '.join('--' + k.replace('_', '-') for k in unsupported)}")
         if len(graph.inputs) != 1:
             raise NpuforgeError(f"graph '{graph.name}' has {len(graph.inputs)} inputs; QAT takes one image input")
-        self.template = copy.deepcopy(graph)
-        self.config, self.rounding = config, rounding
+        self.reference = copy.deepcopy(graph)  # the float model, the distillation target
+        self.template = copy.deepcopy(graph)  # the float graph QAT trains (equalized, bias-corrected)
+        self.start = "PTQ" + "".join(f" + {k.replace('_', ' ')}" for k in ("equalize", "bias_correction")
+                                     if getattr(config, k))
+        self.rounding = rounding
         self.log = log or (lambda message: None)
+        if config.equalize:  # a starting point: the float function is unchanged, the weight ranges even
+            from ..quant.equalize import equalize
+
+            equalize(self.template)
+        data = list(data) if config.bias_correction else data
+        self.config = replace(config, equalize=False, bias_correction=False)  # the per-step decision: plain
         self.plan, self.observers, self.images, self.seconds = calibrated_plan(
-            self.template, data, config, progress=progress, log=self.log)
+            self.template, data, self.config, progress=progress, log=self.log)
         self.names = trainable_constants(self.template, self.plan)
         if not self.names:
             raise NpuforgeError(f"graph '{graph.name}' has no quantized Conv / Gemm / MatMul weights to train")
+        if config.bias_correction:  # a starting point: the PTQ-corrected float biases
+            self._correct_biases(data)
         self.weights = torch.nn.ParameterList(
             [torch.nn.Parameter(torch.from_numpy(np.array(self.template.values[n].data, np.float32)))
              for n in self.names])
         self._cache = None  # (weight versions, quantized graph)
+
+    def _correct_biases(self, data) -> None:
+        """Bias correction (as ``quantize --bias-correction``) on the PTQ program, its float
+        biases copied into the template as QAT's initial biases."""
+        from ..quant.bias_correction import correct_bias
+        from ..quant.calibrate import as_feeds
+
+        graph = copy.deepcopy(self.template)
+        apply_parameters(graph, self.plan, self.observers, self.config, lambda m: None)
+        compute = {name for name, kind in self.plan.kinds.items() if kind == "compute"}
+        correct_bias(graph, [as_feeds(graph, batch) for batch in data], compute)
+        for node in self.template.nodes:
+            if node.name in compute and len(node.inputs) > 2 and node.inputs[2]:
+                self.template.values[node.inputs[2]].data = np.array(graph.values[node.inputs[2]].data, np.float32)
 
     # -- the integers of the current weights ----------------------------------------------
     def quantized(self, log=None):
@@ -95,8 +137,8 @@ class QATProgram(torch.nn.Module):
     @torch.no_grad()
     def teacher(self, x: torch.Tensor) -> torch.Tensor:
         """The float model's output (the original weights), the distillation target."""
-        return torch.from_numpy(execute(self.template, {self.template.inputs[0]: x.numpy()})
-                                [self.template.outputs[0]])
+        g = self.reference
+        return torch.from_numpy(execute(g, {g.inputs[0]: x.numpy()})[g.outputs[0]])
 
     # -- the forward ----------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,7 +153,7 @@ class QATProgram(torch.nn.Module):
         feed = check_feeds(graph, {name: x.detach().cpu().numpy()})[name]
         codes = torch.from_numpy(quantize_input(feed.numpy(), p))
         ints = {name: codes}
-        floats = {name: torch.from_numpy(p.dequantize(codes.numpy()))}
+        floats = {name: p.dequantize_torch(codes)}
         last_use, keep = last_uses(graph), set(graph.outputs)
 
         def operand(value_name):
@@ -144,9 +186,8 @@ class QATProgram(torch.nn.Module):
                 ints[out] = yi
                 q = values[out].quant
                 if not yi.dtype.is_floating_point and q is not None:
-                    inside = ((yi > q.qmin) & (yi < q.qmax)).to(yf.dtype)  # no gradient where it saturates
-                    yf = yf * inside
-                    floats[out] = yf + (torch.from_numpy(q.dequantize(yi.numpy())) - yf).detach()
+                    inside = (yi > q.qmin) & (yi < q.qmax)  # no gradient where it saturates
+                    floats[out] = _StraightThrough.apply(yf, q.dequantize_torch(yi), inside)
                 elif yi.dtype.is_floating_point and yf.dtype.is_floating_point:
                     floats[out] = yf + (yi - yf).detach()
                 else:

@@ -111,7 +111,7 @@ class QATTrainer(Trainer):
                     yield x.numpy()
 
         self.program = QATProgram(self.graph, batches(), self.cfg.quant, rounding=cfg.rounding, log=self.log)
-        self.log(f"calibrated on {self.program.images} images; training {len(self.program.names)} weight and "
+        self.log(f"calibrated on {self.program.images} images; starting from {self.program.start}; training {len(self.program.names)} weight and "
                  f"bias tensors of {sum(w.numel() for w in self.program.weights)} values "
                  f"({self.program.config.granularity} weights)")
         return self.program
@@ -141,7 +141,7 @@ class QATTrainer(Trainer):
             "source": self.cfg.model, "epochs": self.cfg.epochs, "best_epoch": best,
             "training_images": len(self.train_set), "validation_images": len(self.val_set),
             "target": "labels" if self.cfg.labels else f"distillation (temperature {self.cfg.temperature:g})",
-            "lr": self.lr, "rounding": self.cfg.rounding,
+            "lr": self.lr, "rounding": self.cfg.rounding, "start": self.program.start,
             "val_top1": history[best - 1].get("val_top1"),
         }
         result = Path(self.cfg.result)
@@ -160,9 +160,7 @@ def prepare_graph(spec: str, log=None, input_shapes: dict | None = None):
     if any(v.quant is not None for v in graph.values.values()):
         raise NpuforgeError(f"{spec} is already quantized; give the float model (zoo name, checkpoint, ONNX or "
                             f"float IR)")
-    optimized = optimize(graph)[0]
-    optimized.metadata.update({k: v for k, v in graph.metadata.items() if k not in optimized.metadata})
-    return optimized
+    return optimize(graph)[0]  # metadata (preprocessing, class table) goes with it
 
 
 def qat(cfg: QATConfig, graph=None, log=print, progress: bool = True, stop_after_step: int | None = None) -> dict:

@@ -65,6 +65,14 @@ def add_quantize_parser(sub) -> None:
     p.add_argument("--adaround-cache", metavar="DIR",
                    help="where AdaRound keeps each learnt layer, so an interrupted run resumes "
                         "(default: OUT with suffix .adaround)")
+    p.add_argument("--target-drop", type=float, metavar="D",
+                   help="try recipes in order of cost (defaults; --equalize --bias-correction; with --adaround; "
+                        "QAT) until one loses at most D points of top-1 against the float model on --held-out images "
+                        "of --calib (spread over it; top-1 agreement when the folder has no labels of the model's "
+                        "classes), and write that one; each rung's figure and time are printed")
+    p.add_argument("--held-out", type=int, default=100, metavar="N",
+                   help="with --target-drop: the images that score the rungs (default 100; the rest calibrate)")
+    p.add_argument("--qat-epochs", type=int, default=2, metavar="N", help="with --target-drop: QAT epochs (default 2)")
     p.add_argument("--strict", action="store_true", help="an op with no quantization rule is an error")
     p.add_argument("--preprocess", metavar="ZOO_MODEL", help="use this zoo model's preprocessing for an ONNX file")
     p.add_argument("--batch-size", type=int, default=25, help="calibration batch size (default 25)")
@@ -95,6 +103,34 @@ def write_quantized(qgraph, out: Path) -> None:
             os.replace(src, out.with_suffix(suffix) if suffix else out)
 
 
+def _climb(args, graph, dataset, config: QuantConfig, out: Path) -> int:
+    """--target-drop: the recipe ladder (quant/ladder.py)."""
+    from ..passes import optimize
+    from ..workflow import stderr_log
+    from .ladder import climb
+
+    chosen = [flag for flag, on in (("--equalize", config.equalize), ("--bias-correction", config.bias_correction),
+                                    ("--adaround", config.adaround)) if on]
+    if chosen:
+        raise NpuforgeError(f"--target-drop picks the recipe itself; drop {', '.join(chosen)}")
+    if args.target_drop < 0:
+        raise NpuforgeError(f"--target-drop {args.target_drop}: give a drop in points of top-1, 0 or more")
+    qgraph, rows = climb(optimize(graph)[0], dataset, config, args.target_drop, held_out=args.held_out,
+                         num_calib=args.num_calib, batch_size=args.batch_size, qat_epochs=args.qat_epochs,
+                         log=stderr_log)
+    write_quantized(qgraph, out)
+    winner = next((r for r in rows if r["met"]), max(rows, key=lambda r: r["top1"]))
+    if args.json:
+        print(json.dumps({"model": args.model, "output": str(out), "target_drop": args.target_drop, "rungs": rows,
+                          "chosen": winner["rung"]}, indent=2))
+        return 0
+    for r in rows:
+        print(f"  {r['rung']:<40} {r['top1']:6.2f} %  drop {r['drop']:5.2f}  {r['seconds']:6.0f} s"
+              + ("  <- meets the target" if r["met"] else ""))
+    print(f"wrote {out} ({winner['rung']}), {out.with_suffix('.safetensors')}, {out.with_suffix('.onnx')} (QDQ)")
+    return 0
+
+
 def cmd_quantize(args) -> int:
     from tqdm import tqdm
 
@@ -121,6 +157,8 @@ def cmd_quantize(args) -> int:
     log = stderr_log
     graph = resolve_model(args.model, args.preprocess, log=log, input_shapes=parse_input_shapes(args.input_shape))
     dataset = ImageDataset(args.calib, args.class_table)
+    if args.target_drop is not None:
+        return _climb(args, graph, dataset, config, out)
     if len(dataset) < args.num_calib:
         raise NpuforgeError(f"--calib {args.calib}: holds {len(dataset)} images but --num-calib is "
                             f"{args.num_calib}; lower --num-calib or add images")

@@ -84,6 +84,14 @@ class QParams:
         z = self._broadcast(self.zero_point, q.ndim)
         return np.asarray((q.astype(np.int64) - z) * s.astype(np.float64), dtype=np.float32)
 
+    def dequantize_torch(self, q: torch.Tensor) -> torch.Tensor:
+        """:meth:`dequantize` on a torch tensor of codes, in float32: the same numbers, since
+        ``q - zp`` is an integer below 2^24 and one float32 product of two float32 numbers is
+        correctly rounded, as the float64 product rounded to float32 is."""
+        s = torch.from_numpy(self._broadcast(self.scale, q.dim()).astype(np.float32))
+        z = torch.from_numpy(self._broadcast(self.zero_point.astype(np.float32), q.dim()))
+        return (q.to(torch.float32) - z).mul_(s)
+
     # torch: used by the fake-quant executor on activations
     def fake_quant(self, x: torch.Tensor) -> torch.Tensor:
         s = torch.from_numpy(self._broadcast(self.scale, x.dim()))

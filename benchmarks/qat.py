@@ -1,0 +1,153 @@
+"""QAT against PTQ on the shared sample: train on part of it, evaluate on the rest.
+
+The 500 shared photos are split by a seeded permutation into a training part (QAT's
+data and the PTQ calibration images) and a test part. On the test part, in one run:
+the float model's top-1; per-tensor (or per-channel) PTQ with the default recipe and
+with --equalize --bias-correction (and --adaround with ``--adaround``), each run by the
+integer simulator; ``npuforge qat`` (distillation of the float model, no labels used)
+run by the integer simulator from the written IR; the QAT model's own evaluation forward
+against that simulator (top-1 agreement, largest logit difference in output steps); and
+the QDQ export of the QAT IR in ONNX Runtime (graph optimizations off) against the
+fake-quant executor's top-1.
+
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/qat.py [--models efficientnet_lite0] \
+        [--granularity per-tensor] [--epochs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def split(root: Path, shared: Path, n_train: int, seed: int) -> tuple[Path, Path]:
+    files = sorted((shared / "imagenet-sample-even").iterdir())
+    order = np.random.default_rng(seed).permutation(len(files))
+    for part, idx in (("train", order[:n_train]), ("test", order[n_train:])):
+        (root / part).mkdir(parents=True)
+        for k in sorted(idx):
+            (root / part / files[k].name).symlink_to(files[k])
+    return root / "train", root / "test"
+
+
+def top1(forward, folder: Path, preprocess: dict) -> tuple[float, np.ndarray]:
+    """(top-1 %, logits of every test image in file order)."""
+    from npuforge.workflow import transform_of
+    from npuforge.zoo.data import ImageDataset, iter_batches
+
+    ds = ImageDataset(folder)
+    logits, labels = [], []
+    for x, y, _ in iter_batches(ds, transform_of(preprocess), 25, 2):
+        logits.append(np.asarray(forward(x)))
+        labels.append(y)
+    logits, labels = np.concatenate(logits), np.concatenate(labels)
+    return 100.0 * float((logits.argmax(1) == labels).mean()), logits
+
+
+def calibration(folder: Path, preprocess: dict, n: int) -> list:
+    from npuforge.workflow import transform_of
+    from npuforge.zoo.data import ImageDataset, iter_batches
+
+    ds = ImageDataset(folder)
+    ds.samples = ds.samples[:n]
+    return [x for x, _, _ in iter_batches(ds, transform_of(preprocess), 25, 2)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shared", type=Path, default=SHARED)
+    ap.add_argument("--models", default="efficientnet_lite0")
+    ap.add_argument("--granularity", default="per-tensor", choices=("per-tensor", "per-channel"))
+    ap.add_argument("--train", type=int, default=300, help="training photos (the rest are the test part)")
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--start", choices=("ptq", "equalize-bias-correction"), default="equalize-bias-correction",
+                    help="QAT's starting point (default: the equalized, bias-corrected weights)")
+    ap.add_argument("--adaround", action="store_true", help="also PTQ with AdaRound (minutes)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, help="write the rows here")
+    args = ap.parse_args()
+
+    import npuforge
+    from npuforge.export import to_qdq_onnx
+    from npuforge.qat.trainer import QATConfig, prepare_graph, qat
+    from npuforge.sim.fake_quant import run_fake_quant
+    from npuforge.sim.integer import IntegerSimulator
+
+    work = Path(tempfile.mkdtemp(prefix="npuforge-qat-"))
+    train_dir, test_dir = split(work / "data", args.shared, args.train, args.seed)
+    rows = []
+    for name in args.models.split(","):
+        graph = prepare_graph(name)
+        pp = graph.metadata["preprocess"]
+        row = {"model": name, "granularity": args.granularity, "test_images": 500 - args.train}
+        row["float_top1"], _ = top1(lambda x: graph.run({graph.inputs[0]: x})[graph.outputs[0]], test_dir, pp)
+        calib = calibration(train_dir, pp, 100)
+        recipes = {"ptq_default": {}, "ptq_equalize_bias_correction": {"equalize": True, "bias_correction": True}}
+        if args.adaround:
+            recipes["ptq_equalize_bias_correction_adaround"] = {"equalize": True, "bias_correction": True,
+                                                                "adaround": True}
+        for recipe, extra in recipes.items():
+            t = time.perf_counter()
+            q = npuforge.quantize(graph, calib, {"granularity": args.granularity, **extra}, optimize=False,
+                                  log=lambda m: None)
+            row[f"{recipe}_s"] = round(time.perf_counter() - t, 1)
+            sim = IntegerSimulator(q)
+            row[f"{recipe}_top1"], _ = top1(lambda x: sim.run({q.inputs[0]: x})[q.outputs[0]], test_dir, pp)
+            print(f"{name}: {recipe} {row[f'{recipe}_top1']:.1f} %", flush=True)
+        out = work / f"{name}-qat.nfir"
+        start = {"equalize": True, "bias_correction": True} if args.start != "ptq" else {}
+        cfg = QATConfig(model=name, data=str(train_dir), output=str(work / f"{name}-run"), result=str(out),
+                        quant={"granularity": args.granularity, **start}, epochs=args.epochs, batch_size=args.batch_size,
+                        lr=args.lr, val_split=0.0, num_calib=100, seed=args.seed, workers=2, label_smoothing=0.0,
+                        crop_scale=0.5)
+        t = time.perf_counter()
+        qat(cfg, graph, log=lambda m: print(f"  {m}", flush=True), progress=False)
+        row["qat_s"] = round(time.perf_counter() - t, 1)
+        q = npuforge.load(out)
+        sim = IntegerSimulator(q)
+        row["qat_top1"], sim_logits = top1(lambda x: sim.run({q.inputs[0]: x})[q.outputs[0]], test_dir, pp)
+        # the QAT model's own evaluation forward, from its last checkpoint
+        from npuforge.qat import QATProgram
+
+        program = QATProgram(graph, calibration(train_dir, pp, 100), {"granularity": args.granularity, **start})
+        program.load_state_dict(torch.load(work / f"{name}-run" / "last.pt", weights_only=True)["model"])
+        with torch.no_grad():
+            _, own = top1(lambda x: program(torch.from_numpy(x)).numpy(), test_dir, pp)
+        step = float(q.values[q.outputs[0]].quant.scale)
+        row["sim_vs_qat_forward_agreement"] = 100.0 * float((own.argmax(1) == sim_logits.argmax(1)).mean())
+        row["sim_vs_qat_forward_max_steps"] = float(np.abs(own - sim_logits).max() / step)
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = ort.InferenceSession(to_qdq_onnx(q).SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+        row["qdq_ort_top1"], _ = top1(lambda x: session.run(None, {session.get_inputs()[0].name: x})[0], test_dir, pp)
+        row["fake_quant_top1"], _ = top1(lambda x: run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]], test_dir, pp)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    print()
+    print("| model | weights | float | PTQ default | PTQ equalize + bias corr. | QAT | QAT time | sim vs QAT forward |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['model']} | {r['granularity']} | {r['float_top1']:.1f} % | {r['ptq_default_top1']:.1f} % | "
+              f"{r['ptq_equalize_bias_correction_top1']:.1f} % | {r['qat_top1']:.1f} % | {r['qat_s']:.0f} s "
+              f"({args.epochs} epochs) | {r['sim_vs_qat_forward_agreement']:.1f} % |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
