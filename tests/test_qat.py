@@ -163,6 +163,7 @@ def test_training_on_labels_lowers_the_loss_and_writes_the_program_it_evaluated(
     assert int((logits.argmax(1) == y.numpy()).sum()) == trainer_val["val_correct"]
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_equals_uninterrupted(tmp_path):
     data = make_folder(tmp_path / "data", per_class=8)
     whole = tmp_path / "whole"
@@ -219,6 +220,7 @@ def test_bad_inputs_get_one_line_errors(tmp_path, capsys):
     shutil.rmtree(tmp_path / "data")
 
 
+@pytest.mark.slow
 def test_target_drop_climbs_the_recipes_in_order_and_stops_at_the_first_that_meets_it(tmp_path, capsys,
                                                                                       monkeypatch):
     """Each rung really quantizes (QAT included) and is scored on the held-out images; the

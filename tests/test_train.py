@@ -234,3 +234,17 @@ def test_probe_init_starts_fine_tuning_from_a_trained_classifier(tmp_path, folde
                            progress=False)
     trainer.build()
     assert trainer.evaluate()["val_top1"] >= 83  # before any step (a random head: about a third)
+
+
+@pytest.mark.slow
+def test_freeze_bn_keeps_the_statistics_and_val_split_0_trains_on_everything(tmp_path, folder):
+    result = train(config(tmp_path, folder, epochs=1, val_split=0.0, freeze_bn=True), log=quiet, progress=False)
+    assert result["best_top1"] is None and result["best_epoch"] == 1  # no validation: best is the last
+    assert "val_top1" not in result["history"][0]
+    assert len(list((tmp_path / "run").glob("epoch_*.pt"))) == 1
+    frozen = torch.load(tmp_path / "run" / "best.pt", weights_only=True)["model"]
+    means = [k for k in frozen if k.endswith("running_mean")]
+    assert means and all(torch.equal(frozen[k], torch.zeros_like(frozen[k])) for k in means)  # as initialised
+    train(config(tmp_path / "b", folder, epochs=1, val_split=0.0), log=quiet, progress=False)
+    unfrozen = torch.load(tmp_path / "b" / "run" / "best.pt", weights_only=True)["model"]
+    assert all(not torch.equal(unfrozen[k], torch.zeros_like(unfrozen[k])) for k in means)  # updated without it
