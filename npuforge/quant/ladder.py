@@ -79,7 +79,7 @@ def climb(graph, dataset, config: QuantConfig, target_drop: float, *, held_out: 
             q = _qat_rung(graph, calib, config, qat_epochs, qat_lr, log, work_dir)
         else:
             q = quantize(graph, (x for x, _ in calib_batches), replace(config, **extra), optimize=False,
-                         log=lambda m: None)
+                         log=lambda m: None, layer_progress=_every_tenth_layer(log))
         sim = IntegerSimulator(q)
         logits = np.concatenate([sim.run({q.inputs[0]: x})[q.outputs[0]] for x, _ in scored_batches])
         score = _top1_or_agreement(logits, labels, float_logits)
@@ -98,6 +98,14 @@ def climb(graph, dataset, config: QuantConfig, target_drop: float, *, held_out: 
     log(f"no recipe met a drop of {target_drop:g}; keeping the best, {rung} (drop {reference - score:.2f})")
     q.metadata["quantization"]["target_drop"] = {"target": target_drop, "rungs": rows}
     return q, rows
+
+
+def _every_tenth_layer(log):
+    """Progress of AdaRound and bias correction (minutes on a large model), every tenth layer."""
+    def report(step: str, done: int, total: int) -> None:
+        if done == total or done % 10 == 0:
+            log(f"    {step}: {done}/{total} layers")
+    return report
 
 
 def _qat_rung(graph, calib: list, config: QuantConfig, epochs: int, lr: float, log, work_dir: Path | None):
