@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 from ..quant.config import ACTIVATION_DTYPES, GRANULARITIES
-from ..train.cli import _non_negative, _positive_float
-from ..zoo.cli import _positive_int
+from ..argtypes import non_negative, positive_float, positive_int
 
 
 def add_qat_parser(sub) -> None:
@@ -39,21 +38,21 @@ def add_qat_parser(sub) -> None:
                    help="start from cross-layer equalized weights (as quantize --equalize; helps per-tensor most)")
     p.add_argument("--bias-correction", action="store_true",
                    help="start from bias-corrected biases (as quantize --bias-correction)")
-    p.add_argument("--num-calib", type=_positive_int, default=100, metavar="N",
+    p.add_argument("--num-calib", type=positive_int, default=100, metavar="N",
                    help="calibration images: the first N training images (default 100)")
     p.add_argument("--labels", action="store_true",
                    help="train on the folder's labels (class subfolders or <wnid>_name files) instead of "
                         "distilling the float model")
-    p.add_argument("--temperature", type=_positive_float, default=1.0, metavar="T",
+    p.add_argument("--temperature", type=positive_float, default=1.0, metavar="T",
                    help="distillation temperature (default 1)")
-    p.add_argument("--val-split", type=_non_negative, default=0.2, metavar="F",
+    p.add_argument("--val-split", type=non_negative, default=0.2, metavar="F",
                    help="fraction held out for validation (default 0.2; 0: none, the last epoch is written)")
-    p.add_argument("--epochs", type=_positive_int, default=3, metavar="N", help="default 3")
-    p.add_argument("--batch-size", type=_positive_int, default=16, metavar="N", help="images per step (default 16)")
-    p.add_argument("--lr", type=_positive_float, default=1e-4, metavar="LR", help="learning rate (default 1e-4)")
+    p.add_argument("--epochs", type=positive_int, default=3, metavar="N", help="default 3")
+    p.add_argument("--batch-size", type=positive_int, default=16, metavar="N", help="images per step (default 16)")
+    p.add_argument("--lr", type=positive_float, default=1e-4, metavar="LR", help="learning rate (default 1e-4)")
     p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="default sgd (Nesterov, momentum 0.9)")
-    p.add_argument("--weight-decay", type=_non_negative, default=0.0, metavar="WD", help="default 0")
-    p.add_argument("--crop-scale", type=_positive_float, default=0.5, metavar="F",
+    p.add_argument("--weight-decay", type=non_negative, default=0.0, metavar="WD", help="default 0")
+    p.add_argument("--crop-scale", type=positive_float, default=0.5, metavar="F",
                    help="smallest area fraction of the random resized crop (default 0.5)")
     p.add_argument("--seed", type=int, default=0, help="every random choice follows from it (default 0)")
     p.add_argument("--workers", type=int, default=2, metavar="N", help="image decoding processes (default 2)")

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from ..errors import NpuforgeError
-from ..zoo.cli import _positive_int
+from ..argtypes import positive_int
 from .config import ACTIVATION_DTYPES, GRANULARITIES, QuantConfig
 from .observers import METHODS
 
@@ -73,7 +73,7 @@ def add_quantize_parser(sub) -> None:
                         "classes), and write that one; each rung's figure and time are printed")
     p.add_argument("--held-out", type=int, default=100, metavar="N",
                    help="with --target-drop: the images that score the rungs (default 100; the rest calibrate)")
-    p.add_argument("--qat-epochs", type=_positive_int, default=2, metavar="N",
+    p.add_argument("--qat-epochs", type=positive_int, default=2, metavar="N",
                    help="with --target-drop: QAT epochs (default 2)")
     p.add_argument("--strict", action="store_true", help="an op with no quantization rule is an error")
     p.add_argument("--preprocess", metavar="ZOO_MODEL", help="use this zoo model's preprocessing for an ONNX file")

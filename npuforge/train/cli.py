@@ -7,28 +7,8 @@ import json
 import os
 import sys
 
+from ..argtypes import non_negative, positive_float, positive_int
 from ..errors import NpuforgeError
-from ..zoo.cli import _positive_int
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be positive")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
-    return value
 
 
 def add_train_parser(sub) -> None:
@@ -44,38 +24,38 @@ def add_train_parser(sub) -> None:
     p.add_argument("name", help="a zoo model name (`npuforge zoo list`)")
     p.add_argument("--data", required=True, metavar="DIR", help="training images")
     p.add_argument("--val", metavar="DIR", help="validation images (default: a seeded --val-split of --data)")
-    p.add_argument("--val-split", type=_non_negative, default=0.2, metavar="F",
+    p.add_argument("--val-split", type=non_negative, default=0.2, metavar="F",
                    help="fraction of each class held out for validation when --val is not given (default 0.2; "
                         "0: no validation, train on everything, best.pt is the last epoch)")
     p.add_argument("--output", "-o", required=True, metavar="RUN_DIR", help="where checkpoints and records go")
     p.add_argument("--pretrained", action=argparse.BooleanOptionalAction, default=None,
                    help="start from the published weights (default: yes when the model has them); a classifier "
                         "of another class count is re-initialised, and the log says so")
-    p.add_argument("--num-classes", type=_positive_int, metavar="N", help="must equal the folder's class count "
+    p.add_argument("--num-classes", type=positive_int, metavar="N", help="must equal the folder's class count "
                    "(the default)")
-    p.add_argument("--epochs", type=_positive_int, default=10, metavar="N", help="default 10")
-    p.add_argument("--batch-size", type=_positive_int, default=32, metavar="N", help="images per process and step "
+    p.add_argument("--epochs", type=positive_int, default=10, metavar="N", help="default 10")
+    p.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="images per process and step "
                    "(default 32)")
     lr = p.add_mutually_exclusive_group()
-    lr.add_argument("--lr", type=_positive_float, metavar="LR", help="learning rate")
-    lr.add_argument("--lr-base", type=_positive_float, default=0.1, metavar="LR",
+    lr.add_argument("--lr", type=positive_float, metavar="LR", help="learning rate")
+    lr.add_argument("--lr-base", type=positive_float, default=0.1, metavar="LR",
                     help="learning rate per 256 images: lr = lr-base x global batch / 256 (default 0.1; logged)")
     p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="default sgd (Nesterov, momentum 0.9)")
-    p.add_argument("--weight-decay", type=_non_negative, default=5e-5, metavar="WD",
+    p.add_argument("--weight-decay", type=non_negative, default=5e-5, metavar="WD",
                    help="on weights only, not on biases and normalization parameters (default 5e-5)")
-    p.add_argument("--warmup-epochs", type=_non_negative, default=0.0, metavar="E", help="linear warm-up (default 0)")
-    p.add_argument("--label-smoothing", type=_non_negative, default=0.1, metavar="S", help="default 0.1")
-    p.add_argument("--crop-scale", type=_positive_float, default=0.08, metavar="F",
+    p.add_argument("--warmup-epochs", type=non_negative, default=0.0, metavar="E", help="linear warm-up (default 0)")
+    p.add_argument("--label-smoothing", type=non_negative, default=0.1, metavar="S", help="default 0.1")
+    p.add_argument("--crop-scale", type=positive_float, default=0.08, metavar="F",
                    help="smallest area fraction of the random resized crop (default 0.08; 0.3-0.5 suits fine-tuning "
                         "on a few hundred images)")
-    p.add_argument("--ema", type=_non_negative, default=0.0, metavar="DECAY",
+    p.add_argument("--ema", type=non_negative, default=0.0, metavar="DECAY",
                    help="keep an exponential moving average of the weights with this per-step decay (e.g. 0.999); "
                         "validation and checkpoints' EMA use it (default: off)")
     p.add_argument("--amp", action="store_true", help="mixed precision: bfloat16 on CPU, float16 on CUDA")
-    p.add_argument("--clip-grad", type=_non_negative, default=0.0, metavar="NORM", help="clip the gradient norm "
+    p.add_argument("--clip-grad", type=non_negative, default=0.0, metavar="NORM", help="clip the gradient norm "
                    "(default: off)")
-    p.add_argument("--mixup", type=_non_negative, default=0.0, metavar="ALPHA", help="mixup Beta(alpha, alpha)")
-    p.add_argument("--cutmix", type=_non_negative, default=0.0, metavar="ALPHA", help="cutmix Beta(alpha, alpha)")
+    p.add_argument("--mixup", type=non_negative, default=0.0, metavar="ALPHA", help="mixup Beta(alpha, alpha)")
+    p.add_argument("--cutmix", type=non_negative, default=0.0, metavar="ALPHA", help="cutmix Beta(alpha, alpha)")
     p.add_argument("--probe-init", action="store_true",
                    help="start the classifier from a linear probe (logistic regression on the frozen pretrained "
                         "features of the training images), then fine-tune everything: a random head's first "
@@ -87,13 +67,13 @@ def add_train_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="every random choice follows from it (default 0)")
     p.add_argument("--workers", type=int, default=2, metavar="N", help="image decoding processes (spawned; 0: in the "
                    "main process; default 2)")
-    p.add_argument("--max-bad-steps", type=_positive_int, default=10, metavar="N",
+    p.add_argument("--max-bad-steps", type=positive_int, default=10, metavar="N",
                    help="stop after N steps in a row with a non-finite loss or gradient (each is skipped; default 10)")
-    p.add_argument("--keep", type=_positive_int, default=3, metavar="K", help="keep the K best epochs' checkpoints")
+    p.add_argument("--keep", type=positive_int, default=3, metavar="K", help="keep the K best epochs' checkpoints")
     p.add_argument("--save-every", type=int, default=0, metavar="STEPS",
                    help="also checkpoint every STEPS steps within an epoch (default: at epoch ends)")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR/last.pt")
-    p.add_argument("--image-size", type=_positive_int, metavar="PX",
+    p.add_argument("--image-size", type=positive_int, metavar="PX",
                    help="training and validation crop size (default: the model's; resize = size / crop_pct)")
     p.add_argument("--json", action="store_true", help="print the final record as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ..argtypes import positive_int
 from ..errors import NpuforgeError
 
 
@@ -179,24 +180,14 @@ def cmd_predict(args) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
 def _model_options(p, pretrained_help: str) -> None:
     p.add_argument("name", help="a zoo model name (`npuforge zoo list`), or a training run's checkpoint "
                                 "(RUN_DIR/best.pt of `npuforge zoo train`)")
     p.add_argument("--pretrained", action=argparse.BooleanOptionalAction, default=None, help=pretrained_help)
     p.add_argument("--checkpoint", metavar="FILE", help="load these weights (state dict, .pth or .safetensors) "
                    "strictly after building")
-    p.add_argument("--num-classes", type=_positive_int, metavar="N", help="classifier width (default: the config's)")
-    p.add_argument("--image-size", type=_positive_int, metavar="PX",
+    p.add_argument("--num-classes", type=positive_int, metavar="N", help="classifier width (default: the config's)")
+    p.add_argument("--image-size", type=positive_int, metavar="PX",
                    help="input size for the efficientnet_lite models (default: the config's)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar or notes on stderr")
 
@@ -222,9 +213,9 @@ def add_zoo_parser(subparsers) -> None:
     p.add_argument("--data", required=True, metavar="DIR", help="the image folder")
     p.add_argument("--class-table", metavar="TSV", help="class table with columns index, wnid, name "
                    "(default: the built-in ImageNet-1k table)")
-    p.add_argument("--batch-size", type=_positive_int, default=32, metavar="N", help="images per batch (default 32)")
-    p.add_argument("--limit", type=_positive_int, metavar="N", help="only the first N images (sorted order)")
-    p.add_argument("--workers", type=_positive_int, default=2, metavar="N", help="image decoding threads (default 2)")
+    p.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="images per batch (default 32)")
+    p.add_argument("--limit", type=positive_int, metavar="N", help="only the first N images (sorted order)")
+    p.add_argument("--workers", type=positive_int, default=2, metavar="N", help="image decoding threads (default 2)")
     p.add_argument("--json", action="store_true", help="print one JSON object (top1, top5 in percent, images, "
                    "skipped, images_per_s ...)")
     p.set_defaults(func=cmd_eval)
@@ -234,7 +225,7 @@ def add_zoo_parser(subparsers) -> None:
                                    "against PyTorch, and write the file only when they agree.")
     _model_options(p, "load the published weights (default: yes when the model has them and no --checkpoint)")
     p.add_argument("--output", "-o", required=True, metavar="FILE.onnx", help="where to write the model")
-    p.add_argument("--opset", type=_positive_int, default=17, help="ONNX opset (default 17)")
+    p.add_argument("--opset", type=positive_int, default=17, help="ONNX opset (default 17)")
     p.set_defaults(func=cmd_export)
 
     from ..train.cli import add_train_parser
@@ -245,7 +236,7 @@ def add_zoo_parser(subparsers) -> None:
                        description="Classify images with a zoo model and print the top classes with names.")
     _model_options(p, "load the published weights (default: yes when the model has them and no --checkpoint)")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
-    p.add_argument("--top", type=_positive_int, default=5, metavar="K", help="how many classes to show (default 5)")
+    p.add_argument("--top", type=positive_int, default=5, metavar="K", help="how many classes to show (default 5)")
     p.add_argument("--class-table", metavar="TSV", help="class names (default: the model's)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_predict)
