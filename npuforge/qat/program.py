@@ -7,7 +7,7 @@ calibrated ranges: weight scales, int8 weights, int32 bias at input x weight sca
 requantization multipliers, tables, shared scales), then runs the graph node by node
 twice over the same inputs:
 
-* the integer simulator's kernel for the node (``IntegerSimulator._node``), on the codes:
+* the integer simulator's kernel for the node (``IntegerSimulator.run_node``), on the codes:
   this gives the forward value, so the QAT model computes what the deployed program
   computes, bit for bit (rounding, saturation, fixed-point multipliers, tables);
 * the op's float forward on the dequantized inputs, with the weights fake-quantized:
@@ -148,6 +148,8 @@ class QATProgram(torch.nn.Module):
             return torch.from_numpy(sim.run({graph.inputs[0]: x.detach().cpu().numpy()})[graph.outputs[0]])
         values = graph.values
         trained = dict(zip(self.names, self.weights))
+        codes_of = {n.inputs[k]: n.quant[role] for n in graph.nodes  # a trained weight -> its stored codes
+                    for k, role in ((1, "weight"), (2, "bias")) if role in n.quant and n.inputs[k] in trained}
         name = graph.inputs[0]
         p = values[name].quant
         feed = check_feeds(graph, {name: x.detach().cpu().numpy()})[name]
@@ -163,9 +165,9 @@ class QATProgram(torch.nn.Module):
                 return floats[value_name]
             v = values[value_name]
             data = torch.from_numpy(np.array(v.data))
-            if value_name in trained:  # fake-quantized, straight through
+            if value_name in trained:  # the stored codes, dequantized; straight through
                 w = trained[value_name]
-                grid = torch.from_numpy(v.quant.dequantize(v.quant.quantize(v.data)))
+                grid = torch.from_numpy(v.quant.dequantize(values[codes_of[value_name]].data))
                 return w + (grid - w).detach()
             if v.quant is not None and data.dtype.is_floating_point:
                 return torch.from_numpy(v.quant.dequantize(v.quant.quantize(v.data)))
@@ -173,12 +175,7 @@ class QATProgram(torch.nn.Module):
 
         for index, node in enumerate(graph.nodes):
             with torch.no_grad():
-                try:
-                    exact = sim._node(node, ints)
-                except (RuntimeError, ValueError, IndexError) as e:
-                    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                    raise NpuforgeError(f"node '{node.name}' ({node.op}) failed in the integer simulator: "
-                                        f"{first}") from None
+                exact = sim.run_node(node, ints)
             approx = get_op(node.op).forward(node, [operand(i) for i in node.inputs])
             for out, yi, yf in zip(node.outputs, exact, approx):
                 if not out:

@@ -84,10 +84,9 @@ class QATTrainer(Trainer):
                                 f"the float model")
         self.classes = names if self.labelled else [str(k) for k in range(width or 1)]
         self.class_ids = list(self.classes)
+        # without labels every image is class 0: distillation never reads it, validation asks the float model
         samples = [(str(p), labels[str(p)] if self.labelled else 0) for p in files]
         train, val = (samples, []) if cfg.val_split == 0 else split_samples(samples, cfg.val_split, cfg.seed)
-        if not self.labelled:  # -1: no label (validation asks the float model)
-            train, val = ([(p, -1) for p, _ in part] for part in (train, val))
         self.log(f"{len(train)} training and {len(val)} validation images; "
                  + ("labels from the folder" if self.labelled else "no labels: validation counts agreement "
                     "with the float model's top-1")

@@ -174,12 +174,7 @@ class IntegerSimulator(ElementwiseKernels):
         keep = set(wanted)
         with torch.no_grad():
             for index, node in enumerate(graph.nodes):
-                try:
-                    ys = self._node(node, env)
-                except (RuntimeError, ValueError, IndexError) as e:
-                    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                    raise NpuforgeError(f"node '{node.name}' ({node.op}) failed in the integer simulator: "
-                                        f"{first}") from None
+                ys = self.run_node(node, env)
                 for name, y in zip(node.outputs, ys):
                     if name:
                         env[name] = y
@@ -195,6 +190,15 @@ class IntegerSimulator(ElementwiseKernels):
             else:
                 result[name] = t.numpy()
         return result
+
+    def run_node(self, node, env: dict) -> list:
+        """One node's outputs from ``env`` (value name -> codes, or float tensors where the
+        graph stays in float); a kernel's failure is one error naming the node."""
+        try:
+            return self._node(node, env)
+        except (RuntimeError, ValueError, IndexError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise NpuforgeError(f"node '{node.name}' ({node.op}) failed in the integer simulator: {first}") from None
 
     def _get(self, name: str, env) -> torch.Tensor:
         if name in env:

@@ -170,8 +170,7 @@ def freeze_batchnorm(model) -> int:
 
 def _mix(x, y, cfg: TrainConfig, epoch: int, step: int, num_classes: int):
     """Mixup / cutmix of one batch (seeded by epoch and step): inputs and soft targets."""
-    # label -1 (no label: QAT distils the float model) gives a target its loss never reads
-    target = F.one_hot(y.clamp(min=0), num_classes).to(x.dtype)
+    target = F.one_hot(y, num_classes).to(x.dtype)
     if not (cfg.mixup or cfg.cutmix) or len(y) < 2:
         return x, target
     rng = rng_for(cfg.seed, 3, epoch, step)
