@@ -110,6 +110,10 @@ SIM_ENGINE_HELP = ("who runs the integer program: auto (default: ort where every
 def cmd_run(args) -> int:
     import numpy as np
 
+    if str(args.model).endswith(".npub"):
+        from .compiler.cli import run_program_cli
+
+        return run_program_cli(args)
     graph = _load(args)
     feeds = _parse_inputs(graph, args.input)
     if args.mode == "float":
@@ -251,15 +255,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="an ONNX file, a .tflite file or a saved npuforge IR")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("run", help="run a model (float, fake-quant or integer) on .npy inputs",
+    p = sub.add_parser("run", help="run a model (float, fake-quant or integer) or an NPU program on .npy inputs",
                        description="Run a model on .npy inputs and save its outputs. With --mode int a quantized "
                                    "IR runs in the integer simulator: a float input is quantized with the "
                                    "input value's parameters (an integer .npy of the input's quantized dtype is "
                                    "taken as codes) and the outputs are dequantized to float32 (--codes keeps "
-                                   "them as integers).")
-    p.add_argument("model", help="an ONNX file, a .tflite file or a saved npuforge IR")
+                                   "them as integers). A compiled program (.npub, npuforge compile) runs in the "
+                                   "program simulator, which reads only the binary (--mode does not apply; an "
+                                   "image file is preprocessed as the program records).")
+    p.add_argument("model", help="an ONNX file, a .tflite file, a saved npuforge IR or an NPU program (.npub)")
     p.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
-                   help="an input tensor (repeat for several inputs; NAME= may be left out for a one-input model)")
+                   help="an input tensor (repeat for several inputs; NAME= may be left out for a one-input model; "
+                        "for an .npub program also an image file)")
     p.add_argument("--output", metavar="OUT.npz", help="write the outputs to this .npz file")
     p.add_argument("--mode", choices=("int", "fake", "float"), default="float",
                    help="int: the integer simulator (a quantized IR); fake: fake-quant (float kernels, values "
@@ -312,7 +319,8 @@ def build_parser() -> argparse.ArgumentParser:
     # Subcommands that live beside the code they drive.
     for module, hook in ((".passes.cli", "add_optimize_parser"), (".quant.cli", "add_quantize_parser"),
                          (".zoo.cli", "add_zoo_parser"), (".analysis.cli", "add_analyze_parser"),
-                         (".export.cli", "add_export_parser"), (".qat.cli", "add_qat_parser")):
+                         (".export.cli", "add_export_parser"), (".qat.cli", "add_qat_parser"),
+                         (".compiler.cli", "add_compile_parser")):
         full = f"{__package__}{module}"
         try:
             mod = importlib.import_module(full)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 from ..errors import NpuforgeError
+from ..fileio import write_atomic
 
 FORMATS = ("tflite", "onnx")
 
@@ -32,19 +31,6 @@ def add_export_parser(sub) -> None:
                         "integer simulator and print how many agree bit for bit (needs ai-edge-litert)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_export)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write beside the target and rename, so a failure leaves any earlier file intact."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def _random_batches(graph, n: int, seed: int = 0):
@@ -79,7 +65,7 @@ def cmd_export(args) -> int:
         model = to_qdq_onnx(graph) if quantized else to_onnx(graph)
         data = model.SerializeToString()
         ops = Counter(n.op_type for n in model.graph.node)
-    _write_atomic(out, data)
+    write_atomic(out, data)
     report = {"output": str(out), "format": args.format, "bytes": len(data), "ops": dict(ops.most_common())}
     if args.check_litert:
         if args.format != "tflite" or args.io != "int8":

@@ -82,6 +82,18 @@ def tflite_mean_multiplier(real, count: int) -> tuple[np.ndarray, np.ndarray]:
     return folded.astype(np.int32), (shift - bits).astype(np.int32)
 
 
+EXTRA_BITS = 20  # fractional bits kept by Add/Sub and pooling before their final rounding
+
+
+def extra_bits(max_abs: int, shifts) -> int:
+    """Fractional bits L such that max_abs * 2^L * 2^max(shift, 0) < 2^30 (at most 20): what
+    an integer Add / Sub or pooling keeps before its final rounding, a pure function of the
+    stored shifts and the operands' zero points and dtypes."""
+    left = int(max(0, int(np.max(shifts)))) if np.size(shifts) else 0
+    need = int(max_abs).bit_length() + left
+    return max(0, min(EXTRA_BITS, 30 - need))
+
+
 def multiplier_value(multiplier, shift) -> np.ndarray:
     return np.asarray(multiplier, np.float64) * 2.0 ** (np.asarray(shift, np.float64) - 31)
 

@@ -11,20 +11,13 @@ import torch
 
 from ..errors import UnsupportedError
 from ..ops.registry import get_op
+from ..quant.requant import extra_bits
 from .int_ops import max_abs_code, rounding_divide, rounding_divide_by_pot
 
-EXTRA_BITS = 20  # fractional bits kept by Add/Sub and pooling before their final rounding
 
 
 def f32(x) -> np.ndarray:
     return np.asarray(x, np.float32)
-
-
-def extra_bits(max_abs: int, shifts) -> int:
-    """Fractional bits L such that max_abs * 2^L * 2^max(shift, 0) < 2^30 (at most 20)."""
-    left = int(max(0, int(np.max(shifts)))) if np.size(shifts) else 0
-    need = int(max_abs).bit_length() + left
-    return max(0, min(EXTRA_BITS, 30 - need))
 
 
 class ElementwiseKernels:

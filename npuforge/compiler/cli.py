@@ -1,0 +1,150 @@
+"""``npuforge compile``: a quantized IR -> an NPU program (.npub); and ``npuforge run X.npub``."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..errors import NpuforgeError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+
+
+def parse_bytes(text: str) -> int:
+    """'393216', '384K', '384KiB', '1.5M' -> bytes (K and KiB are 1024)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(k|kib|kb|m|mib|mb)?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise NpuforgeError(f"--sram {text}: not a size; write bytes or e.g. 384K, 1.5M")
+    unit = (m.group(2) or "").lower()[:1]
+    value = float(m.group(1)) * {"": 1, "k": 1024, "m": 1024 * 1024}[unit]
+    if value < 1:
+        raise NpuforgeError(f"--sram {text}: must be at least one byte")
+    return int(value)
+
+
+def add_compile_parser(sub) -> None:
+    from .target import builtin_targets
+
+    p = sub.add_parser(
+        "compile", help="compile a quantized IR into an NPU program (.npub) with a cycle estimate",
+        description="Lower a quantized IR to NPU operations, cascade layers stripe by stripe where the whole "
+                    "tensors do not fit the SRAM budget (at the fewest estimated cycles; among programs within "
+                    "--cycle-tolerance of those, the smallest peak), plan SRAM, pack the weights and write a "
+                    "versioned binary that `npuforge run PROGRAM.npub` executes bit-exactly as the integer "
+                    "simulator does. Prints peak SRAM, the liveness bound, cycles, DRAM traffic and weight "
+                    "sizes (docs/compiler.md).")
+    p.add_argument("model", help="a quantized IR (npuforge quantize ... -o OUT.nfir)")
+    p.add_argument("--target", default="npu256",
+                   help=f"a built-in target ({', '.join(builtin_targets())}; default npu256) or a TOML file "
+                        f"describing one")
+    p.add_argument("--sram", metavar="BYTES", help="SRAM budget (default: the target's SRAM), e.g. 393216 or 384K")
+    p.add_argument("--output", "-o", required=True, metavar="OUT.npub", help="the program to write")
+    p.add_argument("--cycle-tolerance", type=float, default=0.01, metavar="F",
+                   help="trade up to this fraction of extra cycles for a smaller SRAM peak (default 0.01; 0: "
+                        "the fewest cycles, cascading only what must be)")
+    p.add_argument("--csv", metavar="LAYERS.csv", help="write the per-layer figures as CSV")
+    p.add_argument("--report", metavar="REPORT.html", help="write an HTML report (memory along the schedule, "
+                                                            "cycles per layer, compute vs transfer)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (totals and per-layer figures)")
+    p.set_defaults(func=cmd_compile)
+
+
+def cmd_compile(args) -> int:
+    from .. import load
+    from ..fileio import write_atomic
+    from .compile import compile_graph
+    from .report import layer_rows, summary_lines, write_csv
+    from .target import load_target
+
+    if not 0 <= args.cycle_tolerance <= 10:
+        raise NpuforgeError(f"--cycle-tolerance {args.cycle_tolerance}: must be between 0 and 10")
+    target = load_target(args.target)
+    budget = parse_bytes(args.sram) if args.sram else None
+    graph = load(args.model)
+    program = compile_graph(graph, target, budget, tolerance=args.cycle_tolerance)
+    write_atomic(Path(args.output), program.data)
+    rows = layer_rows(program)
+    if args.csv:
+        write_csv(Path(args.csv), rows)
+    if args.report:
+        from .report import write_html
+
+        write_html(Path(args.report), program, rows)
+    if args.json:
+        print(json.dumps({**program.stats, "output": args.output, "bytes": len(program.data), "layers": rows},
+                         indent=2))
+    else:
+        for line in summary_lines(program):
+            print(line)
+        written = [args.output] + [f for f in (args.csv, args.report) if f]
+        print(f"  wrote {', '.join(written)} ({len(program.data):,} bytes program)")
+    return 0
+
+
+def _feeds(image, specs: list[str]) -> dict:
+    import numpy as np
+
+    names = [image.tensors[t].name for t, _ in image.inputs]
+    feeds = {}
+    for spec in specs:
+        name, sep, file = spec.rpartition("=")
+        if not sep:
+            if len(names) != 1:
+                raise NpuforgeError(f"--input {spec}: the program has {len(names)} inputs; write NAME=FILE")
+            name, file = names[0], spec
+        if name not in names:
+            raise NpuforgeError(f"--input {spec}: the program has no input '{name}' (its inputs: {', '.join(names)})")
+        if Path(file).suffix.lower() in IMAGE_SUFFIXES:
+            feeds[name] = _image(image, file)
+            continue
+        try:
+            feeds[name] = np.load(file, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise NpuforgeError(f"--input {spec}: cannot read {file} as .npy ({e})") from None
+    return feeds
+
+
+def _image(image, file: str):
+    from PIL import Image, UnidentifiedImageError
+
+    from ..workflow import transform_of
+
+    pre = image.meta.get("preprocess")
+    if not pre:
+        raise NpuforgeError(f"--input {file}: the program records no preprocessing; give a .npy input")
+    try:
+        with Image.open(file) as img:
+            x = transform_of(pre)(img)
+    except (OSError, UnidentifiedImageError) as e:
+        raise NpuforgeError(f"--input {file}: cannot read the image ({e})") from None
+    return x[None]
+
+
+def run_program_cli(args) -> int:
+    """``npuforge run PROGRAM.npub``: the program simulator, which reads nothing but the binary."""
+    import numpy as np
+
+    from ..fileio import write_atomic
+    from .progsim import ProgramSimulator, load_program
+
+    image = load_program(args.model)
+    results = ProgramSimulator(image).run(_feeds(image, args.input))
+    by_name = {image.tensors[t].name: image.tensors[t] for t, _ in image.outputs}
+    if not args.codes:  # dequantize with the output's grid, as the integer simulator does
+        results = {k: ((v.astype(np.int64) - by_name[k].zero_point) * np.float64(np.float32(by_name[k].scale))
+                       ).astype(np.float32) for k, v in results.items()}
+    for name, arr in results.items():
+        line = f"{name}: {arr.dtype}{list(arr.shape)} min {arr.min():.6g} max {arr.max():.6g}"
+        if arr.ndim == 2 and arr.shape[0] == 1 and arr.shape[1] > 1:
+            top = np.argsort(-arr[0], kind="stable")[:5]
+            line += "; top-5 " + ", ".join(str(int(i)) for i in top)
+        print(line)
+    if args.output:
+        import io
+
+        buf = io.BytesIO()
+        np.savez(buf, **results)
+        write_atomic(Path(args.output), buf.getvalue())
+        print(f"wrote {args.output}")
+    return 0

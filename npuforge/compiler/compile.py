@@ -1,0 +1,143 @@
+"""The compiler's driver: quantized IR -> NPU operations -> cascades under the SRAM budget ->
+memory plan -> packed weights and parameter blocks -> the ``.npub`` bytes, with the cycle
+estimate and the figures a report shows."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..errors import NpuforgeError
+from .binfmt import CommandRecord, TensorRecord, encode_params, write_program
+from .lower import lower
+from .memplan import liveness_bound, plan_memory
+from .tiling import Tiler, buffers_of
+from .weights import align, encode
+
+TOLERANCE = 0.01  # a smaller peak is worth this much of the fewest cycles
+
+
+@dataclass
+class Program:
+    target: object
+    budget: int
+    lowered: object
+    segments: list
+    commands: list
+    buffers: list
+    plan: dict
+    weight_blocks: list  # per op: (offset, stored length, codec, count) or None
+    data: bytes = b""
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def peak(self) -> int:
+        return self.plan["peak"]
+
+
+def _pack(lowered, target):
+    """Weight and parameter blocks of every op: (weights blob, params blob, per-op weight and
+    parameter locations, per-op DRAM bytes read by one command)."""
+    weights, params = bytearray(), bytearray()
+    wblocks, pblocks, payload = [], [], []
+    raw = padded = 0
+    for op in lowered.ops:
+        pb = encode_params(op.params, f"node '{op.name}'")
+        pblocks.append((len(params), len(pb)))
+        params += pb + b"\0" * ((-len(pb)) % 4)
+        if op.weights is None:
+            wblocks.append((0, 0, 0, 0))
+            payload.append(len(pb))
+            continue
+        codec, blob = encode(op.weights)
+        wblocks.append((len(weights), len(blob), codec, op.weights.size))
+        weights += blob + b"\0" * ((-len(blob)) % target.alignment)
+        raw += op.weights.size
+        padded += align(op.weights.size, target.alignment)
+        payload.append(len(blob) + len(pb))
+    return bytes(weights), bytes(params), wblocks, pblocks, payload, raw, padded
+
+
+def _least_peak_op(tiler, budget: int) -> tuple[str, int]:
+    """The op whose every schedule needs the most SRAM, and that amount (for the error)."""
+    i, _ = tiler.worst()
+    least = tiler.untiled()[i].peak
+    for start in range(max(0, i - 23), i + 1):
+        for stop in range(i + 1, min(len(tiler.ops), start + 24) + 1):
+            if stop - start > 1 and tiler.cascadable(start, stop):
+                for stripe in tiler._stripes(tiler.tensors[tiler.ops[stop - 1].output].h)[:2]:
+                    least = min(least, tiler.segment(start, stop, stripe).peak)
+    return tiler.ops[i].name, least
+
+
+def compile_graph(graph, target, sram: int | None = None, tolerance: float = TOLERANCE) -> Program:
+    t0 = time.perf_counter()
+    budget = int(sram if sram is not None else target.sram_bytes)
+    lowered = lower(graph, target)
+    wblob, pblob, wblocks, pblocks, payload, raw, padded = _pack(lowered, target)
+    tiler = Tiler(lowered, target, payload)
+    untiled = tiler.untiled()
+    segments = tiler.best(budget)
+    if segments is None:
+        name, least = _least_peak_op(tiler, budget)
+        raise NpuforgeError(f"node '{name}' needs at least {least} bytes of SRAM however it is cascaded; the "
+                            f"budget is {budget} bytes ({least - budget} bytes over); raise --sram or use a "
+                            f"target with more SRAM")
+    fewest = sum(s.cycles for s in segments)
+    # the smallest peak among programs within `tolerance` of the fewest cycles (bisection on the budget)
+    lo, hi = 0, max(s.peak for s in segments)
+    for _ in range(12):
+        if hi - lo <= target.alignment * 64:
+            break
+        mid = (lo + hi) // 2
+        trial = tiler.best(mid)
+        if trial is not None and sum(s.cycles for s in trial) <= fewest * (1 + tolerance):
+            segments, hi = trial, max(s.peak for s in trial)
+        else:
+            lo = mid
+    commands, buffers = buffers_of(tiler, segments)
+    plan = plan_memory(buffers, len(commands), target.alignment)
+    if plan["peak"] > budget:
+        raise NpuforgeError(f"the memory plan needs {plan['peak']} bytes of SRAM, {plan['peak'] - budget} over the "
+                            f"budget of {budget}; raise --sram")
+    whole_cmds, whole_bufs = buffers_of(tiler, untiled)
+    program = Program(target, budget, lowered, segments, commands, buffers, plan, wblocks)
+    offsets = {b.tensor: (b.offset, b.ring_rows) for b in buffers}
+    tensors = [TensorRecord(t.name, t.dtype, t.h, t.w, t.c, offsets[k][0], offsets[k][1], t.scale, t.zero_point)
+               if k in offsets else TensorRecord(t.name, t.dtype, t.h, t.w, t.c, 0, t.h, t.scale, t.zero_point)
+               for k, t in enumerate(lowered.tensors)]
+    records = []
+    for c in commands:
+        op = lowered.ops[c.op]
+        records.append(CommandRecord(op.kind, c.op, c.row0, c.rows, pblocks[c.op], wblocks[c.op],
+                                     (op.output, offsets[op.output][0]), [(t, offsets[t][0]) for t in op.inputs]))
+    io_in = [(t, lowered.tensors[t].nchw) for t in lowered.inputs]
+    io_out = [(t, lowered.tensors[t].nchw) for t in lowered.outputs]
+    program.stats = {
+        "model": graph.name,
+        "target": target.name,
+        "sram_budget": budget,
+        "peak_sram": plan["peak"],
+        "liveness_bound": plan["bound"],
+        "plan_order": plan["order"],
+        "untiled_liveness_bound": liveness_bound(whole_bufs, len(whole_cmds)),
+        "no_reuse_bytes": sum(b.size for b in whole_bufs),
+        "cycles": sum(c.cycles for c in commands),
+        "untiled_cycles": sum(s.cycles for s in untiled),
+        "milliseconds": sum(c.cycles for c in commands) / (target.clock_mhz * 1e3),
+        "macs": sum(c.macs for c in commands),
+        "dram_bytes": sum(c.dram_bytes for c in commands),
+        "sram_traffic_bytes": sum(c.sram_bytes for c in commands),
+        "weight_bytes_raw": raw,
+        "weight_bytes_padded": padded,
+        "weight_bytes_stored": sum(b[1] for b in wblocks),
+        "operations": len(lowered.ops),
+        "commands": len(commands),
+        "cascades": [{"first": lowered.ops[s.start].name, "last": lowered.ops[s.stop - 1].name,
+                      "operations": s.stop - s.start, "stripe_rows": s.stripe} for s in segments if s.stop - s.start > 1],
+    }
+    meta = {"npuforge": "compiled program", "stats": program.stats, "target": target.to_dict(),
+            "preprocess": graph.metadata.get("preprocess"), "ops": [op.name for op in lowered.ops]}
+    program.data = write_program(tensors, records, io_in, io_out, pblob, wblob, meta)
+    program.stats["compile_seconds"] = round(time.perf_counter() - t0, 3)
+    return program

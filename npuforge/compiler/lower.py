@@ -1,0 +1,365 @@
+"""Lowering: a quantized IR becomes a list of NPU operations on HWC tensors.
+
+Every activation is stored channel-last (``[H, W, C]``, batch 1) as NPU SRAM holds it, so
+a row of a tensor is ``W * C`` contiguous codes and a stripe of rows is one block. A
+2-D value ``[1, K]`` is a ``1 x 1 x K`` tensor, so Flatten after a global pool moves no
+byte (an alias). Each operation carries its parameter block: the integers the quantizer
+stored on the node (weights, biases, multipliers, shifts, tables) and the few the graph
+simulator derives from them (activation bounds, the extra fractional bits of Add and
+pooling, the divisor of every pooling window), decided here once so that the program
+needs nothing but its own bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import UnsupportedError
+from ..ops.registry import get_op
+from ..quant.requant import activation_code_bounds, extra_bits, multiplier_value, quantize_multiplier
+from ..sim.int_ops import max_abs_code
+
+DTYPE_BYTES = {"int8": 1, "uint8": 1, "int16": 2}
+QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
+# ops that only rename a value whose HWC bytes stay in the same order
+_VIEWS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity", "Dropout")
+
+
+@dataclass
+class Tensor:
+    """An activation: its geometry, its codes' type and grid, and (after planning) its place."""
+    name: str
+    dtype: str
+    h: int
+    w: int
+    c: int
+    scale: float
+    zero_point: int
+    nchw: tuple = ()  # the IR shape (batch 1), for the program's input / output descriptors
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.w * self.c * self.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.h * self.row_bytes
+
+
+@dataclass
+class NpuOp:
+    """One NPU operation: ``kind`` of :data:`~npuforge.compiler.target.NPU_OPS`, tensor ids in and
+    out, ``params`` (name -> int or integer array; the parameter block) and packed ``weights``."""
+    name: str
+    kind: str
+    inputs: list
+    output: int
+    params: dict = field(default_factory=dict)
+    weights: np.ndarray | None = None
+    macs: int = 0
+
+    # window geometry (conv, depthwise, pools); identity for the others
+    def window(self) -> tuple:
+        p = self.params
+        return int(p.get("kernel_h", 1)), int(p.get("stride_h", 1)), int(p.get("dilation_h", 1)), \
+            int(p.get("pad_top", 0))
+
+
+@dataclass
+class Lowered:
+    tensors: list
+    ops: list
+    inputs: list  # tensor ids of the graph inputs, in order
+    outputs: list
+    names: dict  # IR value name -> tensor id (aliases share one)
+
+
+def _static(shape, where: str) -> tuple:
+    dims = []
+    for k, d in enumerate(shape):
+        if isinstance(d, str):
+            if k != 0:
+                raise UnsupportedError(f"{where}: dynamic dimension '{d}' at axis {k}; fix the input sizes "
+                                       f"(--input-shape) before compiling")
+            d = 1
+        dims.append(int(d))
+    if dims and dims[0] != 1:
+        raise UnsupportedError(f"{where}: batch {dims[0]}; an NPU program runs one sample (batch 1)")
+    return tuple(dims)
+
+
+class _Lowering:
+    def __init__(self, graph, target):
+        self.g = graph
+        self.target = target
+        self.tensors: list[Tensor] = []
+        self.ops: list[NpuOp] = []
+        self.ids: dict[str, int] = {}
+
+    # -- values ---------------------------------------------------------------------------------
+    def tensor(self, name: str, where: str) -> int:
+        if name in self.ids:
+            return self.ids[name]
+        v = self.g.values[name]
+        p = v.quant
+        if p is None:
+            raise UnsupportedError(f"{where}: value '{name}' is not quantized; an NPU program computes "
+                                   f"int8 / int16 only (quantize the whole graph)")
+        if p.dtype not in DTYPE_BYTES:
+            raise UnsupportedError(f"{where}: value '{name}' is {p.dtype}; the NPU stores int8, uint8 or int16")
+        if p.per_channel:
+            raise UnsupportedError(f"{where}: value '{name}' is quantized per channel; NPU activations have "
+                                   f"one scale and zero point")
+        shape = _static(v.shape, where)
+        if len(shape) == 4:
+            h, w, c = shape[2], shape[3], shape[1]
+        elif len(shape) == 2:
+            h, w, c = 1, 1, shape[1]
+        else:
+            raise UnsupportedError(f"{where}: value '{name}' has rank {len(shape)}; the NPU lowering takes "
+                                   f"[1, C, H, W] and [1, C] tensors")
+        self.tensors.append(Tensor(name, p.dtype, h, w, c, float(p.scale), int(p.zero_point), shape))
+        self.ids[name] = len(self.tensors) - 1
+        return self.ids[name]
+
+    def _int(self, node, role) -> np.ndarray:
+        return np.asarray(self.g.values[node.quant[role]].data)
+
+    def _add(self, node, kind, inputs, params, weights=None, macs=0) -> None:
+        if kind not in self.target.native_ops:
+            raise UnsupportedError(f"node '{node.name}' ({node.op}): target '{self.target.name}' has no "
+                                   f"'{kind}' operation (its native ops: {', '.join(self.target.native_ops)})")
+        where = f"node '{node.name}' ({node.op})"
+        ins = [self.tensor(i, where) for i in inputs]
+        out = self.tensor(node.outputs[0], where)
+        self.ops.append(NpuOp(node.name, kind, ins, out, params, weights, macs))
+
+    # -- the walk ---------------------------------------------------------------------------------
+    def run(self) -> Lowered:
+        g = self.g
+        for name in g.inputs:
+            self.tensor(name, f"graph input '{name}'")
+        for node in g.nodes:
+            where = f"node '{node.name}' ({node.op})"
+            op = get_op(node.op)
+            kind = op.quant_kind(node, g)
+            out = g.values[node.outputs[0]] if node.outputs and node.outputs[0] else None
+            if out is None or out.quant is None or (kind not in ("passthrough", "concat") and not node.quant):
+                raise UnsupportedError(f"{where} runs in float in this quantized graph; the NPU computes "
+                                       f"integers only (quantize it, or cut the graph before it)")
+            if node.op in _VIEWS:
+                self._view(node, where)
+            elif kind == "compute":
+                self._compute(node, where)
+            elif kind == "elementwise":
+                self._elementwise(node, where)
+            elif kind == "pool":
+                self._pool(node, where)
+            elif kind == "lut":
+                self._lut(node)
+            elif kind == "concat":
+                self._concat(node, where)
+            elif node.op == "MaxPool":
+                self._window(node, "maxpool", where, {})
+            elif kind == "interpolate":
+                self._resize(node, where)
+            else:
+                raise UnsupportedError(f"{where}: no NPU operation for {node.op} (quantization kind {kind})")
+        for name in g.outputs:
+            if name not in self.ids:
+                raise UnsupportedError(f"graph output '{name}' is not computed by the NPU program")
+        return Lowered(self.tensors, self.ops, [self.ids[n] for n in g.inputs], [self.ids[n] for n in g.outputs],
+                       dict(self.ids))
+
+    # -- kinds ------------------------------------------------------------------------------------------
+    def _view(self, node, where):
+        src = self.tensor(node.inputs[0], where)
+        t = self.tensors[src]
+        shape = _static(self.g.values[node.outputs[0]].shape, where)
+        same_order = t.h * t.w == 1 or t.c == 1 or shape == t.nchw
+        p = self.g.values[node.outputs[0]].quant
+        if not same_order or len(shape) not in (2, 4):
+            raise UnsupportedError(f"{where}: reshaping [{t.c}, {t.h}, {t.w}] to {list(shape[1:])} reorders the "
+                                   f"NPU's channel-last bytes; the target has no transpose")
+        if p is None or not (p.dtype == t.dtype and float(p.scale) == t.scale and int(p.zero_point) == t.zero_point):
+            raise UnsupportedError(f"{where}: output parameters differ from the input's; a view cannot rescale")
+        self.ids[node.outputs[0]] = src
+
+    def _bounds(self, node, p) -> tuple:
+        if "act_min" in node.quant:
+            lo, hi = (self._int(node, r).astype(np.int64) for r in ("act_min", "act_max"))
+        else:
+            lo, hi = (np.asarray(b, np.int64) for b in activation_code_bounds(node, p))
+        return lo, hi
+
+    def _compute(self, node, where):
+        g, a = self.g, node.attrs
+        xq, yq = g.values[node.inputs[0]].quant, g.values[node.outputs[0]].quant
+        w = self._int(node, "weight").astype(np.int64)
+        if node.op == "Conv" and w.ndim == 4:
+            cout, cin_g, kh, kw = w.shape
+            group = a["group"]
+            cin = cin_g * group
+            depthwise = group == cin and cout == cin
+            kind = "depthwise" if depthwise else "conv"
+            # OHWI (output channel, kernel row, kernel column, input channel): the order the MAC
+            # array reads them; depthwise: HWC
+            packed = w.transpose(2, 3, 0, 1).reshape(kh, kw, cout) if depthwise else w.transpose(0, 2, 3, 1)
+            pads = a["pads"]
+            params = {"kernel_h": kh, "kernel_w": kw, "stride_h": a["strides"][0], "stride_w": a["strides"][1],
+                      "dilation_h": a["dilations"][0], "dilation_w": a["dilations"][1], "pad_top": pads[0],
+                      "pad_left": pads[1], "group": group}
+            out_shape = _static(g.values[node.outputs[0]].shape, where)
+            macs = int(np.prod(out_shape[1:])) * cin_g * kh * kw
+        elif node.op in ("Gemm", "MatMul") and w.ndim == 2:
+            transposed = node.op == "Gemm" and a["transB"]
+            packed = w if transposed else w.T  # [N, K]: one row of weights per output
+            kind, params = "fully_connected", {}
+            if len(_static(g.values[node.inputs[0]].shape, where)) != 2:
+                raise UnsupportedError(f"{where}: a fully connected layer on a rank-"
+                                       f"{len(g.values[node.inputs[0]].shape)} input; the NPU takes [1, K]")
+            macs = packed.size
+        else:
+            raise UnsupportedError(f"{where}: {node.op} has no NPU operation (conv, depthwise and fully "
+                                   f"connected are lowered)")
+        if packed.size and (packed.min() < -128 or packed.max() > 127):
+            raise UnsupportedError(f"{where}: weights beyond int8; the NPU's MAC array takes int8 weights")
+        nout = packed.shape[0] if kind != "depthwise" else packed.shape[2]
+        bias = self._int(node, "bias").astype(np.int64) if "bias" in node.quant else np.zeros(nout, np.int64)
+        mult = np.broadcast_to(self._int(node, "multiplier").astype(np.int64), (nout,))
+        shift = np.broadcast_to(self._int(node, "shift").astype(np.int64), (nout,))
+        lo, hi = self._bounds(node, yq)
+        params.update(zp_in=int(xq.zero_point), zp_out=int(yq.zero_point), bias=bias, multiplier=mult,
+                      shift=shift, act_min=np.broadcast_to(lo, (nout,)), act_max=np.broadcast_to(hi, (nout,)),
+                      single_rounding=int("single_rounding" in node.quant))
+        if a.get("activation") == "LeakyRelu":
+            mn, sn = quantize_multiplier(a["activation_params"][0] * multiplier_value(mult, shift))
+            params.update(multiplier_neg=mn.astype(np.int64), shift_neg=sn.astype(np.int64))
+        self._add(node, kind, node.inputs[:1], params, packed.astype(np.int8), macs)
+
+    def _elementwise(self, node, where):
+        g = self.g
+        qs = [g.values[i].quant for i in node.inputs[:2]]
+        yq = g.values[node.outputs[0]].quant
+        for k in range(2):
+            if f"input{k}" in node.quant or g.values[node.inputs[k]].is_const:
+                raise UnsupportedError(f"{where}: a constant operand; the NPU's {node.op.lower()} takes two "
+                                       f"activations")
+        shapes = [self.tensors[self.tensor(i, where)] for i in node.inputs[:2]]
+        out = self.tensors[self.tensor(node.outputs[0], where)]
+        for t in shapes:
+            if any(d not in (1, o) for d, o in zip((t.h, t.w, t.c), (out.h, out.w, out.c))):
+                raise UnsupportedError(f"{where}: operand '{t.name}' does not broadcast to the output")
+        params = {"zp_in0": int(qs[0].zero_point), "zp_in1": int(qs[1].zero_point), "zp_out": int(yq.zero_point)}
+        kind = node.op.lower()
+        if node.op == "Mul":
+            params.update(multiplier=int(self._int(node, "multiplier")[0]), shift=int(self._int(node, "shift")[0]))
+        elif "multiplierout" in node.quant:  # TFLite's ADD: three multipliers
+            params.update(mode=1, left_shift=int(self._int(node, "left_shift")),
+                          multiplier_out=int(self._int(node, "multiplierout")[0]),
+                          shift_out=int(self._int(node, "shiftout")[0]))
+        else:
+            shifts = [int(self._int(node, f"shift{k}")[0]) for k in range(2)]
+            params.update(mode=0, left_shift=min(extra_bits(max_abs_code(qs[k]), shifts[k]) for k in range(2)))
+        if node.op != "Mul":
+            for k in range(2):
+                params[f"multiplier{k}"] = int(self._int(node, f"multiplier{k}")[0])
+                params[f"shift{k}"] = int(self._int(node, f"shift{k}")[0])
+        self._add(node, kind, node.inputs[:2], params, macs=0)
+
+    def _window(self, node, kind, where, params):
+        a = node.attrs
+        if len(a["kernel_shape"]) != 2:
+            raise UnsupportedError(f"{where}: {len(a['kernel_shape'])}-D pooling; the NPU pools 2-D windows")
+        shape = _static(self.g.values[node.inputs[0]].shape, where)
+        pads = get_op(node.op).exact_pads(node, shape)
+        params.update(kernel_h=a["kernel_shape"][0], kernel_w=a["kernel_shape"][1], stride_h=a["strides"][0],
+                      stride_w=a["strides"][1], dilation_h=a["dilations"][0], dilation_w=a["dilations"][1],
+                      pad_top=pads[0], pad_left=pads[1])
+        self._add(node, kind, node.inputs[:1], params)
+
+    def _pool(self, node, where):
+        import torch
+
+        g = self.g
+        xq, yq = g.values[node.inputs[0]].quant, g.values[node.outputs[0]].quant
+        in_shape = _static(g.values[node.inputs[0]].shape, where)
+        params = {"zp_in": int(xq.zero_point), "zp_out": int(yq.zero_point)}
+        if node.op == "AveragePool":
+            ones = torch.ones((1, 1, *in_shape[2:]), dtype=torch.float64)
+            counts = get_op("AveragePool").window_sums(node, ones)[1].numpy().astype(np.int64)[0, 0]
+            kind = "avgpool"
+        elif node.op == "GlobalAveragePool" or node.op in ("ReduceMean", "ReduceSum") and self._spatial(node):
+            if len(in_shape) != 4:
+                raise UnsupportedError(f"{where}: a global pool of a rank-{len(in_shape)} value")
+            counts = np.full((1, 1), in_shape[2] * in_shape[3], np.int64)
+            kind = "global_avgpool"
+        else:
+            raise UnsupportedError(f"{where}: {node.op} over other axes than H and W has no NPU operation")
+        if "code_average" in node.quant:
+            params.update(code_average=1)
+        else:
+            m, s = int(self._int(node, "multiplier")[0]), int(self._int(node, "shift")[0])
+            bits = int(self._int(node, "extra_bits")) if "extra_bits" in node.quant else \
+                extra_bits(int(counts.max()) * max_abs_code(xq), s)
+            if "divisor" in node.quant:
+                divisor = np.full_like(counts, int(self._int(node, "divisor")))
+            else:
+                divisor = np.ones_like(counts) if node.op == "ReduceSum" else counts
+            params.update(multiplier=m, shift=s, extra_bits=bits, divisor=divisor.reshape(-1))
+        params["count"] = counts.reshape(-1)
+        if kind == "avgpool":
+            self._window(node, kind, where, params)
+        else:
+            self._add(node, kind, node.inputs[:1], params)
+
+    def _spatial(self, node) -> bool:
+        axes_name = node.inputs[1] if len(node.inputs) > 1 else ""
+        if not axes_name:
+            return False
+        axes = sorted(int(v) % 4 for v in np.asarray(self.g.values[axes_name].data).reshape(-1))
+        return axes == [2, 3]
+
+    def _lut(self, node):
+        xq = self.g.values[node.inputs[0]].quant
+        table = self._int(node, "lut").astype(np.int64)
+        self._add(node, "lut", node.inputs[:1], {"qmin": xq.qmin, "table": table})
+
+    def _concat(self, node, where):
+        g = self.g
+        yq = g.values[node.outputs[0]].quant
+        rank = len(g.values[node.outputs[0]].shape)
+        if node.attrs["axis"] % rank != 1:
+            raise UnsupportedError(f"{where}: concatenation along axis {node.attrs['axis']}; the NPU "
+                                   f"concatenates channels")
+        for name in node.inputs:
+            if not g.values[name].quant.same_as(yq):
+                raise UnsupportedError(f"{where}: input '{name}' does not share the output's parameters")
+        self._add(node, "concat", node.inputs, {})
+
+    def _resize(self, node, where):
+        from ..quant.resize_rule import axis_weights
+
+        g = self.g
+        yq = g.values[node.outputs[0]].quant
+        ins = _static(g.values[node.inputs[0]].shape, where)
+        out = _static(g.values[node.outputs[0]].shape, where)
+        align, half = bool(self._int(node, "align_corners")), bool(self._int(node, "half_pixel_centers"))
+        ylo, yhi, wy0, wy1 = axis_weights(ins[2], out[2], align, half)
+        xlo, xhi, wx0, wx1 = axis_weights(ins[3], out[3], align, half)
+        self._add(node, "resize_bilinear", node.inputs[:1],
+                  {"code_shift": 128 if yq.dtype == "uint8" else 0, "row_lo": ylo, "row_hi": yhi, "row_w0": wy0,
+                   "row_w1": wy1, "col_lo": xlo, "col_hi": xhi, "col_w0": wx0, "col_w1": wx1})
+
+
+def lower(graph, target) -> Lowered:
+    """The NPU operations of a quantized graph (one-line errors name the node that cannot be lowered)."""
+    if not any(v.quant is not None for v in graph.values.values()):
+        raise UnsupportedError(f"graph '{graph.name}' is not quantized; quantize it first (npuforge quantize)")
+    return _Lowering(graph, target).run()

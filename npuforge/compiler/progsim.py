@@ -1,0 +1,186 @@
+"""The program simulator: runs an ``.npub`` binary and nothing else.
+
+SRAM is one byte array the size of the program's arena; the weight and parameter
+sections stand for DRAM. Each command reads its input rows from SRAM at the offsets it
+names (a rolling buffer holds row r in slot r mod its rows), computes its stripe with the
+NPU kernels (npuforge/compiler/kernels.py) from its parameter block and decoded weights,
+and writes its output rows back. The simulator tracks which row every slot of every buffer
+holds, so a schedule that reads a row its buffer no longer holds (or never held), or a
+plan that lets two live buffers overlap, fails loudly instead of computing garbage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ModelFormatError, NpuforgeError, ShapeError
+from . import kernels
+from .binfmt import ProgramImage, decode_params, read_program
+from .weights import decode
+
+NP_DTYPES = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16}
+QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
+
+
+def load_program(path) -> ProgramImage:
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise NpuforgeError(f"{path}: cannot read ({e.strerror})") from None
+    return read_program(data, str(path))
+
+
+class ProgramSimulator:
+    """``ProgramSimulator(image).run({input name: array})`` -> {output name: int codes (NCHW)}."""
+
+    def __init__(self, image: ProgramImage):
+        self.img = image
+        self.arena = max((t.offset + t.ring_rows * t.row_bytes for t in image.tensors), default=0)
+        for k, c in enumerate(image.commands):
+            for t, off in [c.output, *c.inputs]:
+                rec = image.tensors[t]
+                if off + rec.ring_rows * rec.row_bytes > self.arena:
+                    raise ModelFormatError(f"command {k} addresses SRAM past the program's arena")
+        self._params: dict = {}
+        self._weights: dict = {}
+
+    # -- constants ------------------------------------------------------------------------------
+    def params(self, c) -> dict:
+        key = c.params
+        if key not in self._params:
+            off, length = key
+            self._params[key] = decode_params(self.img.params[off:off + length])
+        return self._params[key]
+
+    def weights(self, c, p: dict) -> np.ndarray | None:
+        off, length, codec, count = c.weights
+        if length == 0:
+            return None
+        if off not in self._weights:
+            out = self.img.tensors[c.output[0]]
+            src = self.img.tensors[c.inputs[0][0]]
+            if c.kind == "conv":
+                shape = (out.c, p["kernel_h"], p["kernel_w"], src.c // p["group"])
+            elif c.kind == "depthwise":
+                shape = (p["kernel_h"], p["kernel_w"], out.c)
+            else:
+                shape = (out.c, src.c)
+            w = decode(codec, self.img.weights[off:off + length], count)
+            if w.size != int(np.prod(shape)):
+                raise ModelFormatError(f"a {c.kind} weight block holds {w.size} weights, its shape needs "
+                                       f"{int(np.prod(shape))}")
+            self._weights[off] = w.reshape(shape).astype(np.int64)
+        return self._weights[off]
+
+    # -- memory ---------------------------------------------------------------------------------
+    def _view(self, sram, t: int, off: int) -> np.ndarray:
+        rec = self.img.tensors[t]
+        raw = sram[off: off + rec.ring_rows * rec.row_bytes]
+        return raw.view(NP_DTYPES[rec.dtype]).reshape(rec.ring_rows, rec.w, rec.c)
+
+    def _read(self, sram, tags, k: int, t: int, off: int, lo: int, hi: int, fill: int) -> np.ndarray:
+        rec = self.img.tensors[t]
+        buf = self._view(sram, t, off)
+        out = np.full((hi - lo, rec.w, rec.c), fill, np.int64)
+        rows = np.arange(max(lo, 0), min(hi, rec.h))
+        held = tags.get(off)
+        slots = rows % rec.ring_rows
+        if held is None or held[1] != t or (held[0][slots] != rows).any():
+            bad = rows[0] if held is None or held[1] != t else rows[held[0][slots] != rows][0]
+            raise NpuforgeError(f"program fault: command {k} reads row {bad} of '{rec.name}', which its "
+                                f"buffer at SRAM offset {off} does not hold")
+        out[rows - lo] = buf[slots]
+        return out
+
+    def _write(self, sram, tags, t: int, off: int, row0: int, data: np.ndarray) -> None:
+        rec = self.img.tensors[t]
+        lo, hi = QRANGE[rec.dtype]
+        buf = self._view(sram, t, off)
+        end = off + rec.ring_rows * rec.row_bytes
+        # a write ends what any other buffer held in these bytes
+        for other in [o for o in tags if o != off and o < end and o + tags[o][2] > off]:
+            del tags[other]
+        if off not in tags or tags[off][1] != t:
+            tags[off] = (np.full(rec.ring_rows, -1, np.int64), t, rec.ring_rows * rec.row_bytes)
+        rows = np.arange(row0, row0 + len(data))
+        if len(data) > rec.ring_rows:
+            raise NpuforgeError(f"program fault: {len(data)} rows written to a {rec.ring_rows}-row buffer of "
+                                f"'{rec.name}'")
+        buf[rows % rec.ring_rows] = np.clip(data, lo, hi).astype(NP_DTYPES[rec.dtype])
+        tags[off][0][rows % rec.ring_rows] = rows
+
+    # -- run ------------------------------------------------------------------------------------
+    def run(self, feeds: dict) -> dict:
+        img = self.img
+        sram = np.zeros(self.arena, np.uint8)
+        tags: dict = {}  # buffer offset -> (row held per slot, tensor, bytes)
+        for t, shape in img.inputs:
+            rec = img.tensors[t]
+            if rec.name not in feeds:
+                raise NpuforgeError(f"missing input '{rec.name}' (the program's inputs: "
+                                    f"{', '.join(img.tensors[i].name for i, _ in img.inputs)})")
+            x = np.asarray(feeds[rec.name])
+            if x.shape != shape:
+                raise ShapeError(f"input '{rec.name}': shape {list(x.shape)}, the program takes {list(shape)}")
+            if x.dtype != NP_DTYPES[rec.dtype]:  # float: quantized with the input's parameters
+                lo, hi = QRANGE[rec.dtype]
+                x = np.clip(np.rint(x.astype(np.float32) / np.float32(rec.scale)) + rec.zero_point, lo, hi)
+            hwc = x.reshape(rec.c, rec.h, rec.w).transpose(1, 2, 0) if len(shape) == 4 else x.reshape(1, 1, -1)
+            self._write(sram, tags, t, rec.offset, 0, hwc.astype(np.int64))
+        for k, c in enumerate(img.commands):
+            self._command(sram, tags, k, c)
+        result = {}
+        for t, shape in img.outputs:
+            rec = img.tensors[t]
+            hwc = self._read(sram, tags, len(img.commands), t, rec.offset, 0, rec.h, 0)
+            arr = hwc.transpose(2, 0, 1) if len(shape) == 4 else hwc
+            result[rec.name] = arr.reshape(shape).astype(NP_DTYPES[rec.dtype])
+        return result
+
+    def _command(self, sram, tags, k: int, c) -> None:
+        p = self.params(c)
+        w = self.weights(c, p)
+        out_t, out_off = c.output
+        out = self.img.tensors[out_t]
+        a, b = c.row0, c.row0 + c.rows
+        ins = []
+        for j, (t, off) in enumerate(c.inputs):
+            src = self.img.tensors[t]
+            lo, hi = kernels.needed_rows(c.kind, p, a, b, src.h, j)
+            fill = kernels.PAD_MAX if c.kind == "maxpool" else p.get("zp_in", 0)
+            ins.append((self._read(sram, tags, k, t, off, lo, hi, fill), lo))
+        x, lo = ins[0]
+        kind = c.kind
+        if kind == "conv":
+            y = kernels.conv(x, p, w, c.rows, out.w)
+        elif kind == "depthwise":
+            y = kernels.depthwise(x, p, w, c.rows, out.w)
+        elif kind == "fully_connected":
+            y = kernels.fully_connected(x, p, w)
+        elif kind in ("add", "sub", "mul"):
+            y = kernels.elementwise(kind, x, ins[1][0], p)
+        elif kind == "avgpool":
+            y = kernels.avgpool(x, p, c.rows, out.w, a)
+        elif kind == "global_avgpool":
+            y = kernels.global_avgpool(x, p)
+        elif kind == "maxpool":
+            y = kernels.maxpool(x, p, c.rows, out.w)
+        elif kind == "lut":
+            y = kernels.lut(x, p)
+        elif kind == "concat":
+            y = np.concatenate([arr for arr, _ in ins], axis=2)
+        elif kind == "resize_bilinear":
+            y = kernels.resize_bilinear(x, p, lo, a, b)
+        else:  # pragma: no cover - the reader refuses unknown opcodes
+            raise ModelFormatError(f"command {k}: unknown operation {kind}")
+        if y.shape != (c.rows, out.w, out.c):
+            y = np.broadcast_to(y, (c.rows, out.w, out.c))
+        self._write(sram, tags, out_t, out_off, a, y)
+
+
+def run_program(path_or_image, feeds: dict) -> dict:
+    image = load_program(path_or_image) if not isinstance(path_or_image, ProgramImage) else path_or_image
+    return ProgramSimulator(image).run(feeds)

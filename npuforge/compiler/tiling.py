@@ -1,0 +1,212 @@
+"""Scheduling under an SRAM budget: which layers run whole and which run as cascades.
+
+A cascade is a run of consecutive operations executed stripe by stripe: each stripe of the
+cascade's last output (``stripe`` rows) pulls, backwards through the cascade, exactly the
+rows of every intermediate tensor it needs that are not computed yet, and those are
+computed first. An intermediate tensor then lives in a rolling buffer of as many rows as
+any one stripe needs at once (row r in slot r mod ring_rows), and only the cascade's inputs
+and its output are whole tensors. Every row is computed once; what a cascade costs is the
+weights read again per stripe, the halo rows read again and the overhead per command.
+
+The choice is a dynamic programme over the schedule: a partition of the operations into
+segments (a segment of one operation is that operation run whole), each segment with one
+stripe height, fitting the budget at every command (the whole tensors that live across a
+segment count against it), at the fewest estimated cycles. Among the programs within
+``tolerance`` of the fewest cycles, the one with the smallest peak is kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import NpuforgeError
+from .cycles import command_cost
+from .kernels import needed_rows
+from .memplan import Buffer
+from .weights import align
+
+ROW_LOCAL = ("conv", "depthwise", "add", "sub", "mul", "lut", "avgpool", "maxpool", "concat", "resize_bilinear")
+MAX_CASCADE = 24  # operations per cascade at most (longer ones seldom pay and cost search time)
+
+
+@dataclass
+class Command:
+    op: int
+    row0: int
+    rows: int
+    cycles: int = 0
+    macs: int = 0
+    sram_bytes: int = 0
+    dram_bytes: int = 0
+    compute: int = 0
+
+
+@dataclass
+class Segment:
+    start: int  # index into the schedule
+    stop: int  # exclusive
+    stripe: int  # output rows per stripe (the output's height: run whole)
+    commands: list
+    rings: dict  # tensor id -> rows of its rolling buffer
+    cycles: int
+    peak: int  # bytes live at its busiest command, whole tensors living across it included
+
+
+class Tiler:
+    def __init__(self, lowered, target, dram_payload: list[int]):
+        self.low = lowered
+        self.tensors = lowered.tensors
+        self.ops = lowered.ops
+        self.target = target
+        self.payload = dram_payload  # per op: weight + parameter bytes read from DRAM per command
+        n = len(self.ops)
+        self.producer = {op.output: i for i, op in enumerate(self.ops)}
+        self.consumers: dict[int, list[int]] = {}
+        for i, op in enumerate(self.ops):
+            for t in set(op.inputs):
+                self.consumers.setdefault(t, []).append(i)
+        self.outputs = set(lowered.outputs)
+        # position of the last op reading each tensor (graph outputs: past the end)
+        self.last_use = {t: (n if t in self.outputs else max(c)) for t, c in self.consumers.items()}
+        for t in self.outputs:
+            self.last_use[t] = n
+        self.first = {t: self.producer.get(t, -1) for t in range(len(self.tensors))}
+
+    def size(self, t: int, rows: int | None = None) -> int:
+        tensor = self.tensors[t]
+        return align((tensor.h if rows is None else rows) * tensor.row_bytes, self.target.alignment)
+
+    # -- one segment ----------------------------------------------------------------------------
+    def crossing(self, start: int, stop: int) -> int:
+        """Bytes of whole tensors produced before ``start`` and read after ``stop`` - 1 (none of the
+        segment's business, but live all through it)."""
+        total = 0
+        for t in range(len(self.tensors)):
+            if t in self.last_use and self.first[t] < start and self.last_use[t] >= stop:
+                if not any(start <= c < stop for c in self.consumers.get(t, [])):
+                    total += self.size(t)
+        return total
+
+    def cascadable(self, start: int, stop: int) -> bool:
+        """Row-local operations, and only the last one's output leaves the segment."""
+        for i in range(start, stop):
+            op = self.ops[i]
+            if op.kind not in ROW_LOCAL:
+                return False
+            if i < stop - 1 and (op.output in self.outputs or self.last_use[op.output] >= stop):
+                return False
+        return True
+
+    def segment(self, start: int, stop: int, stripe: int) -> Segment:
+        ops = self.ops
+        last = ops[stop - 1]
+        height = self.tensors[last.output].h
+        internal = {ops[i].output for i in range(start, stop)}
+        done = {t: 0 for t in internal}
+        rings = {t: 0 for t in internal}
+        commands = []
+        for a in range(0, height, stripe):
+            b = min(a + stripe, height)
+            need = {last.output: (a, b)}
+            produce = {}
+            for i in range(stop - 1, start - 1, -1):
+                op = ops[i]
+                lo, hi = need.get(op.output, (0, 0))
+                p0, p1 = done[op.output], max(done[op.output], hi)
+                if op.output != last.output:  # what this stripe writes and what its readers still need
+                    rings[op.output] = max(rings[op.output], p1 - min(p0, max(lo, 0)))
+                if p1 <= p0:
+                    continue
+                produce[i] = (p0, p1)
+                for k, t in enumerate(op.inputs):
+                    src = self.tensors[t]
+                    ilo, ihi = needed_rows(op.kind, op.params, p0, p1, src.h, k)
+                    ilo, ihi = max(ilo, 0), min(ihi, src.h)
+                    if t in internal and ihi > ilo:
+                        old = need.get(t)
+                        need[t] = (ilo, ihi) if old is None else (min(old[0], ilo), max(old[1], ihi))
+            for i in range(start, stop):
+                if i in produce:
+                    p0, p1 = produce[i]
+                    commands.append(Command(i, p0, p1 - p0))
+                    done[ops[i].output] = p1
+        for t in internal:
+            if t != last.output and done[t] < self.tensors[t].h and done[t] == 0:
+                raise NpuforgeError(f"internal: tensor '{self.tensors[t].name}' of a cascade is never computed")
+        for c in commands:
+            cost = command_cost(ops[c.op], c.row0, c.rows, self.tensors, self.target, self.payload[c.op])
+            c.cycles, c.macs, c.sram_bytes, c.dram_bytes, c.compute = \
+                cost.cycles, cost.macs, cost.sram_bytes, cost.dram_bytes, cost.compute
+        rings = {t: r for t, r in rings.items() if t != last.output}
+        inputs = {t for i in range(start, stop) for t in ops[i].inputs if t not in internal}
+        whole = sum(self.size(t) for t in inputs) + self.size(last.output)
+        peak = self.crossing(start, stop) + whole + sum(self.size(t, r) for t, r in rings.items())
+        return Segment(start, stop, stripe, commands, rings, sum(c.cycles for c in commands), peak)
+
+    # -- the whole schedule ------------------------------------------------------------------------
+    def untiled(self) -> list[Segment]:
+        return [self.segment(i, i + 1, self.tensors[op.output].h) for i, op in enumerate(self.ops)]
+
+    def _stripes(self, height: int) -> list[int]:
+        s, out = 1, []
+        while s < height:
+            out.append(s)
+            s *= 2
+        return out
+
+    def best(self, budget: int) -> list[Segment] | None:
+        """The fewest-cycle partition whose every segment fits ``budget``; None if none does."""
+        n = len(self.ops)
+        base = self.untiled()
+        inf = float("inf")
+        cost = [0.0] + [inf] * n
+        choice: list[Segment | None] = [None] * (n + 1)
+        for stop in range(1, n + 1):
+            if base[stop - 1].peak <= budget and cost[stop - 1] + base[stop - 1].cycles < cost[stop]:
+                cost[stop], choice[stop] = cost[stop - 1] + base[stop - 1].cycles, base[stop - 1]
+            for start in range(stop - 2, max(-1, stop - 1 - MAX_CASCADE), -1):
+                if cost[start] == inf:
+                    continue
+                if not self.cascadable(start, stop):
+                    break
+                if all(base[i].peak <= budget for i in range(start, stop)):
+                    continue  # runs whole within budget: cascading only adds cycles
+                for stripe in self._stripes(self.tensors[self.ops[stop - 1].output].h):
+                    seg = self.segment(start, stop, stripe)
+                    if seg.peak <= budget and cost[start] + seg.cycles < cost[stop]:
+                        cost[stop], choice[stop] = cost[start] + seg.cycles, seg
+        if cost[n] == inf:
+            return None
+        segments, stop = [], n
+        while stop > 0:
+            segments.append(choice[stop])
+            stop = choice[stop].start
+        return segments[::-1]
+
+    def worst(self) -> tuple[int, int]:
+        """(op index, bytes) of the op whose smallest cascade still needs the most SRAM."""
+        base = self.untiled()
+        i = max(range(len(base)), key=lambda k: base[k].peak)
+        return i, base[i].peak
+
+
+def buffers_of(tiler: Tiler, segments: list[Segment]) -> tuple[list[Command], list[Buffer]]:
+    """The program's commands in order, and every buffer with its lifetime in command indices."""
+    commands = [c for s in segments for c in s.commands]
+    n = len(commands)
+    first: dict[int, int] = {t: 0 for t in tiler.low.inputs}
+    last: dict[int, int] = {t: n - 1 for t in tiler.low.outputs}
+    ring_rows: dict[int, int] = {}
+    for s in segments:
+        ring_rows.update(s.rings)
+    for k, c in enumerate(commands):
+        op = tiler.ops[c.op]
+        first.setdefault(op.output, k)
+        last[op.output] = max(last.get(op.output, k), k)
+        for t in op.inputs:
+            last[t] = max(last.get(t, k), k)
+    buffers = []
+    for t in sorted(first):
+        rows = ring_rows.get(t, tiler.tensors[t].h)
+        buffers.append(Buffer(t, tiler.size(t, rows), first[t], last[t], rows))
+    return commands, buffers

@@ -1,0 +1,249 @@
+"""The NPU compiler: its program simulator against the graph-level integer simulator, bit for
+bit, on random CNNs at random SRAM budgets; the memory planner against the liveness bound;
+the weight codec; the binary format's refusals; targets; the command line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from compiler_graphs import random_model
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+import npuforge
+from npuforge.cli import main as cli_main
+from npuforge.compiler.binfmt import read_program
+from npuforge.compiler.compile import compile_graph
+from npuforge.compiler.memplan import Buffer, liveness_bound, plan_memory
+from npuforge.compiler.progsim import ProgramSimulator
+from npuforge.compiler.target import load_target, target_from_dict
+from npuforge.compiler.weights import decode, encode
+from npuforge.errors import ModelFormatError, NpuforgeError
+from npuforge.frontend.onnx_importer import import_onnx
+from npuforge.sim.integer import IntegerSimulator
+
+NPU256 = load_target("npu256")
+
+
+def quantized(model, in_shape, rng, **config):
+    graph = import_onnx(model)
+    calib = [rng.normal(0, 1, in_shape).astype(np.float32) for _ in range(3)]
+    return npuforge.quantize(graph, calib, config)
+
+
+def assert_bit_exact(graph, program, rng, in_shape, n=2):
+    sim = ProgramSimulator(read_program(program.data))
+    ref = IntegerSimulator(graph, "fixedpoint")
+    for _ in range(n):
+        x = rng.normal(0, 1.5, in_shape).astype(np.float32)
+        got = sim.run({graph.inputs[0]: x})
+        want = ref.run({graph.inputs[0]: x}, dequantize=False)
+        for name in graph.outputs:
+            assert got[name].dtype == want[name].dtype and got[name].shape == want[name].shape
+            diff = got[name].astype(np.int64) - want[name]
+            assert not diff.any(), f"{name}: {np.count_nonzero(diff)} codes differ, up to {np.abs(diff).max()}"
+
+
+# -- random graphs at random budgets -------------------------------------------------------------------
+
+@settings(max_examples=int(__import__("os").environ.get("NPUFORGE_FUZZ", 60)), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_program_simulator_equals_integer_simulator_on_random_cnns(data):
+    draw = data.draw
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    model, in_shape = random_model(draw, st, rng)
+    dtype = draw(st.sampled_from(["uint8", "int8"]))
+    config = {"granularity": draw(st.sampled_from(["per-channel", "per-tensor"])), "activation_dtype": dtype,
+              "tflite_multipliers": dtype == "int8" and draw(st.booleans())}
+    graph = quantized(model, in_shape, rng, **config)
+    whole = compile_graph(graph, NPU256, sram=1 << 30, tolerance=0.0)
+    assert whole.peak == whole.stats["liveness_bound"]
+    # a budget between a third of the whole-tensor plan and all of it, and a tolerance that makes
+    # the compiler trade cycles for SRAM: cascades with stripes of every height
+    budget = int(whole.stats["untiled_liveness_bound"] * draw(st.floats(0.3, 1.0)))
+    tolerance = draw(st.sampled_from([0.0, 0.05, 10.0]))
+    try:
+        program = compile_graph(graph, NPU256, sram=budget, tolerance=tolerance)
+    except NpuforgeError as e:  # below what any schedule needs: the least-peak schedule instead
+        assert "bytes of SRAM" in str(e) and "over" in str(e)
+        budget = whole.peak
+        program = compile_graph(graph, NPU256, sram=budget, tolerance=10.0)
+    event(f"cascades: {len(program.stats['cascades'])}")
+    assert program.peak <= max(budget, whole.peak)
+    assert program.peak >= program.stats["liveness_bound"]
+    assert_bit_exact(graph, program, rng, in_shape)
+
+
+def test_cascades_with_rolling_buffers_are_bit_exact_and_fit(tmp_path):
+    """A 3-layer chain at 60 % of its whole-tensor peak: cascaded, every buffer within budget."""
+    rng = np.random.default_rng(0)
+
+    class Draw:  # a fixed graph: conv 3x3 s1 -> depthwise 3x3 s2 -> conv 1x1
+        pass
+
+    from compiler_graphs import Builder
+    from onnx import TensorProto, helper
+
+    b = Builder(rng, 8, 32, 20)
+    x, shape = b.conv("input", (8, 32, 20), 16, 3, 1, 1, 1, [1, 1, 1, 1], "relu6")
+    x, shape = b.conv(x, shape, 16, 3, 2, 1, 16, [0, 0, 1, 1], "relu6")
+    x, shape = b.conv(x, shape, 8, 1, 1, 1, 1, [0, 0, 0, 0], "")
+    g = helper.make_graph(b.nodes, "chain", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                                            [1, 8, 32, 20])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], b.inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    graph = quantized(model, (1, 8, 32, 20), rng)
+    whole = compile_graph(graph, NPU256, sram=1 << 30, tolerance=0.0)
+    assert not whole.stats["cascades"] and whole.peak == whole.stats["liveness_bound"]
+    budget = int(0.6 * whole.peak)
+    program = compile_graph(graph, NPU256, sram=budget, tolerance=0.0)
+    assert program.stats["cascades"] and program.peak <= budget
+    assert any(b.ring_rows < graph_h for b, graph_h in
+               ((b, program.lowered.tensors[b.tensor].h) for b in program.buffers))
+    assert program.stats["cycles"] >= program.stats["untiled_cycles"]
+    assert_bit_exact(graph, program, rng, (1, 8, 32, 20), n=3)
+
+
+# -- memory planner -----------------------------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 64), st.integers(0, 30), st.integers(0, 10)), min_size=1, max_size=30))
+def test_memory_plan_never_overlaps_live_buffers(specs):
+    buffers = [Buffer(k, 16 * size, first, min(first + span, 30), 1) for k, (size, first, span) in enumerate(specs)]
+    result = plan_memory(buffers, 31, 16)
+    assert result["peak"] >= result["bound"] == liveness_bound(buffers, 31)
+    assert result["peak"] == max(b.offset + b.size for b in buffers)
+    for i, a in enumerate(buffers):
+        assert a.offset % 16 == 0
+        for b in buffers[i + 1:]:
+            if a.first <= b.last and b.first <= a.last:
+                assert a.offset + a.size <= b.offset or b.offset + b.size <= a.offset
+
+
+def test_memory_plan_reaches_the_bound_on_a_chain():
+    sizes = [48, 96, 32, 128, 16, 64]
+    buffers = [Buffer(k, 16 * s, max(0, k - 1), k, 1) for k, s in enumerate(sizes)]
+    result = plan_memory(buffers, len(sizes), 16)
+    assert result["peak"] == result["bound"] == 16 * max(a + b for a, b in zip(sizes, sizes[1:]))
+
+
+# -- weights ---------------------------------------------------------------------------------------------------
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 3000), st.floats(0.5, 60.0), st.integers(0, 2**32 - 1))
+def test_weight_codec_is_lossless(n, spread, seed):
+    rng = np.random.default_rng(seed)
+    w = np.clip(np.rint(rng.laplace(0, spread, n)), -128, 127).astype(np.int8)
+    codec, data = encode(w)
+    assert (decode(codec, data, n) == w).all()
+    assert len(data) <= n
+
+
+def test_weight_codec_compresses_peaked_weights_and_refuses_a_bad_block():
+    w = np.clip(np.rint(np.random.default_rng(1).laplace(0, 6, 4096)), -128, 127).astype(np.int8)
+    codec, data = encode(w)
+    assert codec == 1 and len(data) < 0.75 * w.size
+    with pytest.raises(ModelFormatError):
+        decode(codec, data[:-5], w.size)
+    with pytest.raises(ModelFormatError):
+        decode(7, data, w.size)
+
+
+# -- the binary, targets and the command line ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    rng = np.random.default_rng(3)
+    from compiler_graphs import Builder
+    from onnx import TensorProto, helper
+
+    b = Builder(rng, 3, 16, 16)
+    x, shape = b.conv("input", (3, 16, 16), 8, 3, 2, 1, 1, [1, 1, 1, 1], "relu")
+    y, _ = b.conv(x, shape, 8, 3, 1, 1, 8, [1, 1, 1, 1], "relu6")
+    x = b.node("Add", [x, y])
+    size = b.const(np.array([1, 8, 16, 16], np.int64))
+    x = b.node("Resize", [x, "", "", size], mode="linear", coordinate_transformation_mode="half_pixel")
+    g = helper.make_graph(b.nodes, "small", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                                            [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, None)], b.inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    graph = quantized(model, (1, 3, 16, 16), rng)
+    folder = tmp_path_factory.mktemp("compile")
+    npuforge.save(graph, folder / "small.nfir")
+    np.save(folder / "x.npy", rng.normal(0, 1, (1, 3, 16, 16)).astype(np.float32))
+    return folder, graph
+
+
+def test_compile_and_run_on_the_command_line(small, capsys):
+    folder, graph = small
+    out = folder / "small.npub"
+    assert cli_main(["compile", str(folder / "small.nfir"), "-o", str(out), "--csv", str(folder / "l.csv"),
+                     "--report", str(folder / "r.html"), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["peak_sram"] == stats["liveness_bound"] and [r["op"] for r in stats["layers"]] == \
+        ["conv", "depthwise", "add", "resize_bilinear"]
+    assert (folder / "l.csv").read_text().startswith("layer,op,commands")
+    html = (folder / "r.html").read_text()
+    assert html.count("<svg") == 3 and "SRAM in use" in html
+    assert cli_main(["run", str(out), "--input", str(folder / "x.npy"), "--codes", "--output",
+                     str(folder / "o.npz")]) == 0
+    got = np.load(folder / "o.npz")[graph.outputs[0]]
+    want = IntegerSimulator(graph).run({"input": np.load(folder / "x.npy")}, dequantize=False)[graph.outputs[0]]
+    assert np.array_equal(got, want)
+    assert cli_main(["run", str(out), "--input", str(folder / "x.npy"), "--output", str(folder / "f.npz")]) == 0
+    assert np.array_equal(np.load(folder / "f.npz")[graph.outputs[0]],
+                          IntegerSimulator(graph).run({"input": np.load(folder / "x.npy")})[graph.outputs[0]])
+
+
+def test_budget_honesty_writes_nothing(small, capsys):
+    folder, _ = small
+    out = folder / "keep.npub"
+    out.write_bytes(b"earlier")
+    assert cli_main(["compile", str(folder / "small.nfir"), "--sram", "1K", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("npuforge: error: node '") and "bytes over" in err and "\n" not in err
+    assert out.read_bytes() == b"earlier"
+
+
+def test_corrupt_truncated_and_foreign_programs_are_refused(small, capsys):
+    folder, graph = small
+    data = compile_graph(graph, NPU256).data
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x40
+    newer = bytearray(data)
+    newer[4:6] = (2).to_bytes(2, "little")
+    cases = {"truncated": data[:len(data) // 3], "corrupt": bytes(flipped), "version": bytes(newer),
+             "foreign": b"PK\x03\x04" + data[4:], "empty": b""}
+    expect = {"truncated": "truncated", "corrupt": "checksum", "version": "version 2.0", "foreign": "not an .npub",
+              "empty": "too short"}
+    for name, blob in cases.items():
+        path = folder / f"{name}.npub"
+        path.write_bytes(blob)
+        assert cli_main(["run", str(path), "--input", str(folder / "x.npy")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert expect[name] in err and "\n" not in err, (name, err)
+
+
+def test_targets_are_data_and_refuse_unknown_fields(small, tmp_path, capsys):
+    folder, _ = small
+    base = NPU256.to_dict()
+    t = target_from_dict({**base, "sram_bytes": 65536}, "mine.toml")
+    assert t.sram_bytes == 65536
+    with pytest.raises(NpuforgeError, match="unknown target field 'sram_size'"):
+        target_from_dict({**base, "sram_size": 1}, "mine.toml")
+    with pytest.raises(NpuforgeError, match="mac_block"):
+        target_from_dict({**base, "mac_block": [8, 8]}, "mine.toml")
+    toml = tmp_path / "tiny.toml"
+    lines = [f"{k} = {json.dumps(v)}" for k, v in {**base, "name": "tiny", "native_ops": ["conv", "add"]}.items()]
+    toml.write_text("\n".join(lines) + "\n")
+    assert cli_main(["compile", str(folder / "small.nfir"), "--target", str(toml), "-o", str(tmp_path / "x.npub")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "target 'tiny' has no 'depthwise' operation" in err
+    toml.write_text("name = 'bad'\nmacs = 3\n")
+    assert cli_main(["compile", str(folder / "small.nfir"), "--target", str(toml), "-o", str(tmp_path / "x.npub")]) == 2
+    assert "unknown target field 'macs'" in capsys.readouterr().err
