@@ -30,6 +30,15 @@ class Builder:
         self.nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
         return out
 
+    def model(self, outputs: list[str], name: str = "random_cnn"):
+        """The ONNX model of everything added so far, with ``outputs`` as its outputs."""
+        in_shape = [1, *self.shape]
+        g = helper.make_graph(self.nodes, name, [helper.make_tensor_value_info("input", TensorProto.FLOAT, in_shape)],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], self.inits)
+        model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        return model
+
     # -- blocks ---------------------------------------------------------------------------------
     def conv(self, x, shape, cout, k, stride, dilation, group, pads, act):
         c, h, w = shape
@@ -113,10 +122,4 @@ def random_model(draw, st, rng):
         n = draw(st.integers(2, 10))
         wt = rng.normal(0, 0.3, (n, shape[0])).astype(np.float32)
         outputs = [b.node("Gemm", [pooled, b.const(wt), b.const(np.zeros(n, np.float32))], transB=1)]
-    in_shape = (1, b.shape[0], b.shape[1], b.shape[2])
-    g = helper.make_graph(b.nodes, "random_cnn", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
-                                                                                 list(in_shape))],
-                          [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs], b.inits)
-    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model, in_shape
+    return b.model(outputs), (1, *b.shape)

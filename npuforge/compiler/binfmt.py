@@ -6,7 +6,7 @@ sections (kind, offset, size, CRC-32 each), then the sections:
 
 * TENSORS: one 36-byte record per tensor: dtype, height, width, channels, SRAM offset,
   rows held (a rolling buffer holds fewer than its height), scale, zero point, name.
-* COMMANDS: one 64-byte record per command: opcode, input count, op index, the output
+* COMMANDS: one 76-byte record per command: opcode, input count, op index, the output
   rows of its stripe (first row and count), parameter and weight blocks (offset, length,
   codec, decoded length), the output tensor and its SRAM offset, up to three input
   tensors and their SRAM offsets.

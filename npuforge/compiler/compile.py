@@ -11,6 +11,7 @@ from ..errors import NpuforgeError
 from .binfmt import CommandRecord, TensorRecord, encode_params, write_program
 from .lower import lower
 from .memplan import liveness_bound, plan_memory
+from .schedule import reorder, schedule
 from .tiling import Tiler, buffers_of
 from .weights import align, encode
 
@@ -58,35 +59,28 @@ def _pack(lowered, target):
     return bytes(weights), bytes(params), wblocks, pblocks, payload, raw, padded
 
 
-def _least_peak_op(tiler, budget: int) -> tuple[str, int]:
-    """The op whose every schedule needs the most SRAM, and that amount (for the error)."""
-    i, _ = tiler.worst()
-    least = tiler.untiled()[i].peak
-    for start in range(max(0, i - 23), i + 1):
-        for stop in range(i + 1, min(len(tiler.ops), start + 24) + 1):
-            if stop - start > 1 and tiler.cascadable(start, stop):
-                for stripe in tiler._stripes(tiler.tensors[tiler.ops[stop - 1].output].h)[:2]:
-                    least = min(least, tiler.segment(start, stop, stripe).peak)
-    return tiler.ops[i].name, least
-
-
 def compile_graph(graph, target, sram: int | None = None, tolerance: float = TOLERANCE) -> Program:
     t0 = time.perf_counter()
     budget = int(sram if sram is not None else target.sram_bytes)
     lowered = lower(graph, target)
+    order, order_bounds = schedule(lowered)
+    reorder(lowered, order)
     wblob, pblob, wblocks, pblocks, payload, raw, padded = _pack(lowered, target)
     tiler = Tiler(lowered, target, payload)
     untiled = tiler.untiled()
     segments = tiler.best(budget)
     if segments is None:
-        name, least = _least_peak_op(tiler, budget)
-        raise NpuforgeError(f"node '{name}' needs at least {least} bytes of SRAM however it is cascaded; the "
-                            f"budget is {budget} bytes ({least - budget} bytes over); raise --sram or use a "
-                            f"target with more SRAM")
+        name, least = lowered.ops[tiler.stuck].name, tiler.least_peak(tiler.stuck)
+        if least <= budget:  # it fits alone, but nothing after it does from there
+            raise NpuforgeError(f"no schedule from node '{name}' on fits the budget of {budget} bytes of SRAM; "
+                                f"raise --sram or use a target with more SRAM")
+        raise NpuforgeError(f"node '{name}' needs {least} bytes of SRAM in the smallest schedule found for it "
+                            f"(cascades included); the budget is {budget} bytes ({least - budget} bytes over); "
+                            f"raise --sram or use a target with more SRAM")
     fewest = sum(s.cycles for s in segments)
     # the smallest peak among programs within `tolerance` of the fewest cycles (bisection on the budget)
     lo, hi = 0, max(s.peak for s in segments)
-    for _ in range(12):
+    for _ in range(12 if tolerance > 0 else 0):
         if hi - lo <= target.alignment * 64:
             break
         mid = (lo + hi) // 2
@@ -120,6 +114,7 @@ def compile_graph(graph, target, sram: int | None = None, tolerance: float = TOL
         "peak_sram": plan["peak"],
         "liveness_bound": plan["bound"],
         "plan_order": plan["order"],
+        "schedule": order_bounds["chosen"],
         "untiled_liveness_bound": liveness_bound(whole_bufs, len(whole_cmds)),
         "no_reuse_bytes": sum(b.size for b in whole_bufs),
         "cycles": sum(c.cycles for c in commands),

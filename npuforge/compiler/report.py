@@ -94,7 +94,7 @@ def render_html(program, rows: list[dict]) -> str:
             ("cycles", f"{s['cycles']:,}"), ("time", f"{s['milliseconds']:.3f} ms"),
             ("DRAM traffic", _kib(s["dram_bytes"])), ("commands", str(s["commands"]))]
     parts.append("".join(f'<div class="kpi"><b>{escape(v)}</b>{escape(k)}</div>' for k, v in kpis))
-    parts.append("<h2>SRAM in use along the schedule</h2><p class='note'>One bar per command; orange: commands of a "
+    parts.append("<h2>SRAM in use along the schedule</h2><p class='note'>One bar per command; red: commands of a "
                  f"cascade (stripes with rolling buffers). Liveness bound {_kib(s['liveness_bound'])}, plan "
                  f"{_kib(s['peak_sram'])}.</p>")
     parts.append(svg.bar_chart(sram, "command", "SRAM (KiB)", "SRAM in use", labels=names, highlight=in_cascade))
@@ -103,7 +103,7 @@ def render_html(program, rows: list[dict]) -> str:
                                labels=[r["layer"] for r in rows],
                                highlight={k for k, r in enumerate(rows) if r["bound"] == "transfer"}))
     compute = sum(r["cycles"] for r in rows if r["bound"] == "compute")
-    parts.append(f"<p class='note'>Orange: layers bound by memory transfers. Compute-bound layers take "
+    parts.append(f"<p class='note'>Red: layers bound by memory transfers. Compute-bound layers take "
                  f"{compute:,} cycles ({compute / max(1, s['cycles']):.0%}), transfer-bound ones "
                  f"{s['cycles'] - compute:,}.</p>")
     parts.append("<h2>Where the time goes</h2>")

@@ -71,6 +71,8 @@ class Tiler:
         for t in self.outputs:
             self.last_use[t] = n
         self.first = {t: self.producer.get(t, -1) for t in range(len(self.tensors))}
+        self._segments: dict = {}
+        self._crossing: dict = {}
 
     def size(self, t: int, rows: int | None = None) -> int:
         tensor = self.tensors[t]
@@ -80,11 +82,14 @@ class Tiler:
     def crossing(self, start: int, stop: int) -> int:
         """Bytes of whole tensors produced before ``start`` and read after ``stop`` - 1 (none of the
         segment's business, but live all through it)."""
+        if (start, stop) in self._crossing:
+            return self._crossing[start, stop]
         total = 0
         for t in range(len(self.tensors)):
             if t in self.last_use and self.first[t] < start and self.last_use[t] >= stop:
                 if not any(start <= c < stop for c in self.consumers.get(t, [])):
                     total += self.size(t)
+        self._crossing[start, stop] = total
         return total
 
     def cascadable(self, start: int, stop: int) -> bool:
@@ -98,6 +103,12 @@ class Tiler:
         return True
 
     def segment(self, start: int, stop: int, stripe: int) -> Segment:
+        key = (start, stop, stripe)  # the budget search asks for the same segments again and again
+        if key not in self._segments:
+            self._segments[key] = self._segment(start, stop, stripe)
+        return self._segments[key]
+
+    def _segment(self, start: int, stop: int, stripe: int) -> Segment:
         ops = self.ops
         last = ops[stop - 1]
         height = self.tensors[last.output].h
@@ -175,6 +186,9 @@ class Tiler:
                     seg = self.segment(start, stop, stripe)
                     if seg.peak <= budget and cost[start] + seg.cycles < cost[stop]:
                         cost[stop], choice[stop] = cost[start] + seg.cycles, seg
+        # the first op no feasible partition reaches past (for the error when none fits)
+        self.stuck = max(k for k in range(n + 1) if cost[k] < inf)
+        self.reachable = [k for k in range(n + 1) if cost[k] < inf]
         if cost[n] == inf:
             return None
         segments, stop = [], n
@@ -183,11 +197,16 @@ class Tiler:
             stop = choice[stop].start
         return segments[::-1]
 
-    def worst(self) -> tuple[int, int]:
-        """(op index, bytes) of the op whose smallest cascade still needs the most SRAM."""
-        base = self.untiled()
-        i = max(range(len(base)), key=lambda k: base[k].peak)
-        return i, base[i].peak
+    def least_peak(self, i: int) -> int:
+        """The smallest peak found for op i: run whole, or in a cascade (1- or 2-row stripes)
+        starting where the budget's partition could still start."""
+        least = self.segment(i, i + 1, self.tensors[self.ops[i].output].h).peak
+        for start in [k for k in getattr(self, "reachable", [i]) if i - MAX_CASCADE < k <= i]:
+            for stop in range(i + 1, min(len(self.ops), start + MAX_CASCADE) + 1):
+                if stop - start > 1 and self.cascadable(start, stop):
+                    for stripe in self._stripes(self.tensors[self.ops[stop - 1].output].h)[:2]:
+                        least = min(least, self.segment(start, stop, stripe).peak)
+        return least
 
 
 def buffers_of(tiler: Tiler, segments: list[Segment]) -> tuple[list[Command], list[Buffer]]:
