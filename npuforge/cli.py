@@ -320,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     for module, hook in ((".passes.cli", "add_optimize_parser"), (".quant.cli", "add_quantize_parser"),
                          (".zoo.cli", "add_zoo_parser"), (".analysis.cli", "add_analyze_parser"),
                          (".export.cli", "add_export_parser"), (".qat.cli", "add_qat_parser"),
-                         (".compiler.cli", "add_compile_parser")):
+                         (".compiler.cli", "add_compile_parser"), (".detection.cli", "add_detect_parser")):
         full = f"{__package__}{module}"
         try:
             mod = importlib.import_module(full)

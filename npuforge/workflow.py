@@ -82,8 +82,15 @@ def resolve_model(spec: str, preprocess: str | None = None, log=None, input_shap
 
     path = Path(spec)
     run = read_run(path)
+    from .detection.blazeface import DETECTORS
+
     if run is not None:
         graph = run_graph(run, path)
+    elif not path.exists() and spec in DETECTORS:
+        from .detection.blazeface import detector_graph, preprocess_record
+
+        graph = detector_graph(spec)
+        graph.metadata["preprocess"] = preprocess_record(graph)
     elif not path.exists() and spec in list_models():
         if input_shapes:
             raise NpuforgeError(f"{spec}: zoo models have static input shapes; --input-shape is for ONNX files")

@@ -279,3 +279,16 @@ def test_compile_report_renders_in_headless_chromium(small, tmp_path):
     img = np.asarray(Image.open(png).convert("RGB"))
     assert img.shape[1] == 1280
     assert ((img[..., 2] > 150) & (img[..., 0] < 80)).sum() > 1000  # the charts' bars were drawn
+
+
+def test_program_simulator_imports_nothing_of_the_graph_simulator():
+    """The program simulator proves itself against the integer simulator in tests only: importing
+    it (and running a program from the command line) loads no graph-simulator module."""
+    import subprocess
+    import sys
+
+    code = ("import sys, npuforge.compiler.progsim, npuforge.compiler.cli; "
+            "print(sorted(m for m in sys.modules if m.startswith(('npuforge.sim.integer', 'npuforge.sim.lowered', "
+            "'npuforge.sim.fake_quant'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", out

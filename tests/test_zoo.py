@@ -137,7 +137,14 @@ def _train_loss(model, x, y):
     return torch.nn.functional.cross_entropy(model(x), y)
 
 
-@pytest.mark.parametrize("name", ALL_MODELS)
+# The larger siblings of a family run once (make test), not again on each kernel set (CI time):
+# Lite1 / Lite2 are Lite0's layers at other widths and depths; ResNet-50's bottleneck blocks are
+# then checked on the default kernels only.
+LARGER_SIBLINGS = ("efficientnet_lite1", "efficientnet_lite2", "resnet50")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in LARGER_SIBLINGS else n
+                                  for n in ALL_MODELS])
 def test_model_train_export_import_run(name):
     torch.manual_seed(0)
     kwargs = {"image_size": 64} if name.startswith("efficientnet") else {}

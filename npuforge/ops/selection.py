@@ -1,9 +1,9 @@
 """Ops that pick elements by value: TopK, ArgMax, ArgMin, NonMaxSuppression.
 
 Ties follow ONNX: the lower index first (TopK, both directions; ArgMax /
-ArgMin unless select_last_index). Their outputs include int64 indices, so none
-has a quantization rule (the simulator's "passthrough" would turn every output
-into codes).
+ArgMin unless select_last_index). Their outputs include int64 indices, so only
+NonMaxSuppression has a quantization rule: integer NMS on the codes of its
+inputs, its output the same int64 indices (quant/nms_rule.py).
 """
 
 import re
@@ -100,6 +100,20 @@ class NonMaxSuppression(Op):
     inputs = (2, 5)
     attrs = {"center_point_box": 0}
     summary = "greedy per batch and class by score, dropping IoU > iou_threshold with a kept box; int64 [n, 3]"
+
+    def quant_kind(self, node, graph):
+        """Integer NMS on the codes of quantized boxes and scores (quant/nms_rule.py)."""
+        return "nms" if all(graph.values[i].dtype == "float32" for i in node.inputs[:2]) else None
+
+    def quantize_integers(self, graph, node, add):
+        from ..quant.nms_rule import quantize_integers
+
+        quantize_integers(graph, node, add)
+
+    def integer_forward(self, sim, node, env):
+        from ..quant.nms_rule import integer_forward
+
+        return integer_forward(sim, node, env)
 
     def from_onnx(self, ctx, node):
         if node.attrs["center_point_box"] not in (0, 1):

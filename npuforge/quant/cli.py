@@ -169,7 +169,8 @@ def cmd_quantize(args) -> int:
     bar = tqdm(total=len(dataset), desc="calibrating", unit="img", file=sys.stderr,
                disable=args.quiet or args.json, leave=False)
     start = time.perf_counter()
-    batches = (x for x, _, _ in iter_batches(dataset, transform, args.batch_size))
+    batch = graph.values[graph.inputs[0]].shape[0]  # a static batch (a TFLite model's 1) sets the batch size
+    batches = (x for x, _, _ in iter_batches(dataset, transform, batch if isinstance(batch, int) else args.batch_size))
     bars = {}
 
     def layer_progress(step: str, done: int, total: int) -> None:

@@ -56,6 +56,8 @@ Per kind, in ``fixedpoint`` mode (R(v; M, s) is the requantization above;
   output on one grid): ``round_half_away(sum of codes / count)`` -- rounding the codes,
   zero point included, is not rounding ``x - zp`` and adding it back.
 * lut: ``y = lut[x - qmin]``.
+* nms: NonMaxSuppression on the codes of its boxes and scores, int64 indices out
+  (quant/nms_rule.py: exact integer areas, the IoU threshold on a 2^-16 grid).
 * passthrough / concat: the op moves codes; parameters are shared.
 
 Graph inputs given as float arrays are quantized with the input value's
@@ -138,6 +140,8 @@ class IntegerSimulator(ElementwiseKernels):
     def _kind(self, node) -> str | None:
         kind = get_op(node.op).quant_kind(node, self.graph)
         out = self.graph.values[node.outputs[0]] if node.outputs and node.outputs[0] else None
+        if kind == "nms" and node.quant:  # integer NMS: quantized inputs, int64 indices out
+            return kind
         if out is None or out.quant is None:
             return None
         if kind not in ("passthrough", "concat") and not node.quant:

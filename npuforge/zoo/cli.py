@@ -232,6 +232,10 @@ def add_zoo_parser(subparsers) -> None:
 
     add_train_parser(sub)
 
+    from ..detection.cli import add_detection_set_parser
+
+    add_detection_set_parser(sub)
+
     p = sub.add_parser("predict", help="top-5 classes of some images",
                        description="Classify images with a zoo model and print the top classes with names.")
     _model_options(p, "load the published weights (default: yes when the model has them and no --checkpoint)")

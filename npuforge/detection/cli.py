@@ -1,0 +1,153 @@
+"""``npuforge zoo detection-set``: write a seeded synthetic detection set (COCO format)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from ..argtypes import positive_int
+
+
+def add_detection_set_parser(sub) -> None:
+    p = sub.add_parser(
+        "detection-set", help="write a seeded synthetic detection set (shapes on photos, COCO json)",
+        description="Paste squares, circles, triangles and crosses (the 4 categories) with random colours and "
+                    "stripe textures onto photos of --photos, 1 to --max-objects per image, boxes never "
+                    "overlapping, and write OUT/images/*.png and OUT/annotations.json (COCO). The same "
+                    "arguments give the same bytes; the first N images of a larger set are the N-image set.")
+    p.add_argument("--photos", required=True, metavar="DIR", help="background photos (any image files, recursively)")
+    p.add_argument("--output", "-o", required=True, metavar="OUT", help="the folder to write (must not hold a set)")
+    p.add_argument("--images", type=positive_int, default=200, metavar="N", help="images to write (default 200)")
+    p.add_argument("--size", type=positive_int, default=160, metavar="S", help="image side in pixels (default 160)")
+    p.add_argument("--max-objects", type=positive_int, default=4, metavar="M", help="shapes per image at most "
+                                                                                    "(default 4)")
+    p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_detection_set)
+
+
+def cmd_detection_set(args) -> int:
+    from tqdm import tqdm
+
+    from .coco import load_coco
+    from .synthetic import make_synthetic_set
+
+    with tqdm(total=args.images, unit="img", desc="rendering", disable=args.json, leave=False) as bar:
+        path = make_synthetic_set(args.photos, args.output, args.images, args.size, args.seed, args.max_objects,
+                                  progress=lambda n: bar.update(n - bar.n))
+    ds = load_coco(path)  # the reader checks what the writer wrote
+    counts = Counter(ds.category_names[int(c)] for labels in ds.labels.values() for c in labels)
+    summary = {"annotations": str(path), "images": len(ds), "objects": sum(counts.values()),
+               "per_category": dict(sorted(counts.items())), "size": args.size, "seed": args.seed}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        per = ", ".join(f"{k} {v}" for k, v in summary["per_category"].items())
+        print(f"wrote {summary['images']} images with {summary['objects']} objects ({per}) to {path}")
+    return 0
+
+
+def add_detect_parser(sub) -> None:
+    from .blazeface import DETECTORS
+
+    p = sub.add_parser(
+        "detect", help="detect faces with BlazeFace (float, fake-quant or integer) and draw the boxes",
+        description="Run a detector graph (network, box decoding, score sigmoid and non-maximum suppression "
+                    "in one IR) on images: each image is letterboxed into the detector's square input, the "
+                    "kept boxes are mapped back to image pixels, printed, and drawn with -o. MODEL is a "
+                    f"BlazeFace detector ({', '.join(DETECTORS)}) or a saved detector IR, float or quantized "
+                    "(npuforge quantize face_detection_full_range --calib DIR -o bf.nfir).")
+    p.add_argument("model", help="a detector name or a saved detector IR (.nfir)")
+    p.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
+    p.add_argument("--engine", choices=("float", "fake", "int"),
+                   help="float graph, fake-quant, or the integer simulator (NMS on integer codes too); default: "
+                        "int for a quantized IR, else float")
+    p.add_argument("--output", "-o", metavar="OUT", help="annotated image (PNG) for one IMAGE, a folder for several")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_detect)
+
+
+def load_detector(spec: str):
+    from pathlib import Path
+
+    from .. import load
+    from ..errors import NpuforgeError
+    from .blazeface import DETECTORS, detector_graph
+
+    if spec in DETECTORS and not Path(spec).exists():
+        return detector_graph(spec)
+    graph = load(spec)
+    if "detector" not in graph.metadata:
+        raise NpuforgeError(f"{spec}: not a detector graph (no 'detector' record); give one of "
+                            f"{', '.join(DETECTORS)} or a quantized copy of one")
+    return graph
+
+
+def _draw(path, img, boxes, scores) -> None:
+    import io
+    from pathlib import Path
+
+    from PIL import ImageDraw
+
+    from ..fileio import write_atomic
+
+    img = img.convert("RGB")
+    d = ImageDraw.Draw(img)
+    width = max(2, round(max(img.size) / 300))
+    for (x0, y0, x1, y1), s in zip(boxes.tolist(), scores.tolist()):
+        d.rectangle([x0, y0, x1, y1], outline=(255, 40, 40), width=width)
+        d.text((x0 + width, y0 + width), f"{s:.2f}", fill=(255, 255, 0))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    write_atomic(Path(path), buf.getvalue())
+
+
+def cmd_detect(args) -> int:
+    from pathlib import Path
+
+    from PIL import Image, UnidentifiedImageError
+
+    from ..errors import NpuforgeError
+    from .blazeface import detections, preprocess
+
+    graph = load_detector(args.model)
+    quantized = any(v.quant is not None for v in graph.values.values())
+    engine = args.engine or ("int" if quantized else "float")
+    if engine != "float" and not quantized:
+        raise NpuforgeError(f"--engine {engine}: {args.model} is not quantized (npuforge quantize it first)")
+    if engine == "int":
+        from ..sim.integer import IntegerSimulator
+
+        sim = IntegerSimulator(graph)
+        run = lambda feeds: sim.run(feeds)  # noqa: E731
+    elif engine == "fake":
+        from ..sim.fake_quant import run_fake_quant
+
+        run = lambda feeds: run_fake_quant(graph, feeds)  # noqa: E731
+    else:
+        run = graph.run
+    size = graph.metadata["detector"]["input_size"]
+    out_dir = Path(args.output) if args.output and len(args.images) > 1 else None
+    report = []
+    for name in args.images:
+        try:
+            with Image.open(name) as im:
+                im.load()
+                img = im.convert("RGB")
+        except (OSError, UnidentifiedImageError) as e:
+            raise NpuforgeError(f"{name}: cannot read the image ({e})") from None
+        x, box = preprocess(img, size)
+        boxes, scores = detections(run({graph.inputs[0]: x}), size, box)
+        report.append({"image": name, "detections": [{"box": [round(v, 1) for v in b], "score": round(float(s), 4)}
+                                                     for b, s in zip(boxes.tolist(), scores)]})
+        if args.output:
+            _draw(out_dir / f"{Path(name).stem}.png" if out_dir else args.output, img, boxes, scores)
+    if args.json:
+        print(json.dumps({"model": args.model, "engine": engine, "images": report}, indent=2))
+    else:
+        for r in report:
+            found = "; ".join(f"{d['score']:.2f} at ({', '.join(f'{v:.0f}' for v in d['box'])})" for d in r["detections"])
+            print(f"{r['image']}: {len(r['detections'])} face(s){': ' + found if found else ''}")
+        if args.output:
+            print(f"  wrote {args.output}")
+    return 0
