@@ -142,13 +142,14 @@ class Tiler:
                     commands.append(Command(i, p0, p1 - p0))
                     done[ops[i].output] = p1
         for t in internal:
-            if t != last.output and done[t] < self.tensors[t].h and done[t] == 0:
+            if t != last.output and done[t] == 0:
                 raise NpuforgeError(f"internal: tensor '{self.tensors[t].name}' of a cascade is never computed")
         for c in commands:
             cost = command_cost(ops[c.op], c.row0, c.rows, self.tensors, self.target, self.payload[c.op])
             c.cycles, c.macs, c.sram_bytes, c.dram_bytes, c.compute = \
                 cost.cycles, cost.macs, cost.sram_bytes, cost.dram_bytes, cost.compute
-        rings = {t: r for t, r in rings.items() if t != last.output}
+        # at least one row, at most the whole tensor (a ring as tall as the tensor is a whole buffer)
+        rings = {t: max(1, min(r, self.tensors[t].h)) for t, r in rings.items() if t != last.output}
         inputs = {t for i in range(start, stop) for t in ops[i].inputs if t not in internal}
         whole = sum(self.size(t) for t in inputs) + self.size(last.output)
         peak = self.crossing(start, stop) + whole + sum(self.size(t, r) for t, r in rings.items())
