@@ -6,11 +6,14 @@ For each MediaPipe detector (short and full range) as one npuforge graph (networ
 sigmoid, NonMaxSuppression; npuforge/detection/blazeface.py): quantize it per channel and per
 tensor (uint8 activations) on --num-calib shared-sample photos, letterboxed as the detector
 sees them, once with NonMaxSuppression kept in float (int8 network, float post-processing)
-and once with integer NMS (end to end in integers). Evaluate on the face photos (the
+and once with integer NMS (end to end in integers), then with integer NMS and the box path
+(regressor convolutions to decoded boxes) in int16, as `npuforge quantize` does for a detector
+graph. Evaluate on the face photos (the
 insightface 2.1 wheel's images and scikit-image's astronaut) and on the photos among the next
---scan shared-sample photos where FP32 finds a face: COCO mAP@0.5 of each int8 detector with
-the FP32 detections as ground truth (pycocotools), and the share of images on which the integer
-simulator and fake-quant keep the same boxes.
+--scan shared-sample photos where FP32 finds a face: COCO mAP@0.5 (and mAP@[.5:.95]) of each
+int8 detector with the FP32 detections as ground truth (pycocotools), on all of them and on the
+face photos alone, and the share of images on which the integer simulator and fake-quant keep
+the same boxes.
 """
 
 from __future__ import annotations
@@ -36,16 +39,21 @@ from npuforge.sim.integer import IntegerSimulator  # noqa: E402
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "imagenet-sample-even"
 
 
-def as_truth(images: list, found: dict) -> object:
-    """A one-category COCO set whose boxes are the FP32 detections."""
+def as_truth(images: list, found: dict, keep=None) -> object:
+    """A one-category COCO set whose boxes are the FP32 detections (of the images ``keep`` picks)."""
     from types import SimpleNamespace
 
     anns = []
+    keep = keep or (lambda k: True)
+    images = [im if keep(k) else None for k, im in enumerate(images)]
     for k, (boxes, _) in found.items():
+        if images[k] is None:
+            continue
         for x0, y0, x1, y1 in boxes.tolist():
             anns.append({"id": len(anns) + 1, "image_id": k, "category_id": 1, "bbox": [x0, y0, x1 - x0, y1 - y0],
                          "area": (x1 - x0) * (y1 - y0), "iscrowd": 0})
-    raw = {"images": [{"id": k, "file_name": str(p), "width": w, "height": h} for k, (p, w, h) in enumerate(images)],
+    raw = {"images": [{"id": k, "file_name": str(im[0]), "width": im[1], "height": im[2]}
+                      for k, im in enumerate(images) if im is not None],
            "annotations": anns, "categories": [{"id": 1, "name": "face"}]}
     return SimpleNamespace(raw=raw)
 
@@ -77,22 +85,28 @@ def main() -> int:
         print(f"\n{name}: {len(images)} images ({sum(p.suffix != '.JPEG' for p, _, _ in images)} face photos, the rest "
               f"shared photos with an FP32 face), {faces} FP32 faces; float pass {time.perf_counter() - t0:.0f} s")
         gt = as_truth(images, truth)
-        print(f"{'granularity':<13}{'NMS':<9}{'mAP@0.5':>9}{'mAP':>8}{'int = fake-quant':>18}{'faces':>7}")
-        for granularity in ("per-channel", "per-tensor"):
-            for nms in ("float", "integer"):
-                keep = ["detect/NonMaxSuppression"] if nms == "float" else []
-                q = npuforge.quantize(g, calib, {"granularity": granularity, "keep_float": keep})
-                sim = IntegerSimulator(q)
-                found, same = {}, 0
-                for k, (x, box) in enumerate(feeds):
-                    out = sim.run({"input": x})
-                    found[k] = detections(out, size, box)
-                    fake = run_fake_quant(q, {"input": x})
-                    same += int(np.array_equal(np.asarray(out["selected"]), np.asarray(fake["selected"])))
-                dets = {k: (b, s, np.ones(len(b), np.int64)) for k, (b, s) in found.items()}
-                m = coco_map(gt, dets)
-                print(f"{granularity:<13}{nms:<9}{m['map50']:>9.3f}{m['map']:>8.3f}{same:>11}/{len(feeds):<6}"
-                      f"{sum(len(b) for b, _ in found.values()):>7}")
+        face_ids = [k for k, (p, _, _) in enumerate(images) if p.suffix != ".JPEG"]
+        gt_faces = as_truth(images, truth, lambda k: k in face_ids)
+        print(f"{'granularity':<13}{'NMS':<9}{'boxes':<7}{'mAP@0.5':>9}{'mAP':>8}{'face photos':>13}"
+              f"{'int = fake-quant':>18}{'faces':>7}")
+        variants = [(gr, nms, bits) for gr in ("per-channel", "per-tensor") for nms, bits in
+                    (("float", 8), ("integer", 8), ("integer", 16))]
+        for granularity, nms, bits in variants:
+            keep = ["detect/NonMaxSuppression"] if nms == "float" else []
+            int16 = g.metadata["detector"]["int16"] if bits == 16 else []
+            q = npuforge.quantize(g, calib, {"granularity": granularity, "keep_float": keep, "int16": int16})
+            sim = IntegerSimulator(q)
+            found, same = {}, 0
+            for k, (x, box) in enumerate(feeds):
+                out = sim.run({"input": x})
+                found[k] = detections(out, size, box)
+                fake = run_fake_quant(q, {"input": x})
+                same += int(np.array_equal(np.asarray(out["selected"]), np.asarray(fake["selected"])))
+            dets = {k: (b, s, np.ones(len(b), np.int64)) for k, (b, s) in found.items()}
+            m = coco_map(gt, dets)
+            mf = coco_map(gt_faces, {k: dets[k] for k in face_ids})
+            print(f"{granularity:<13}{nms:<9}{bits:<7}{m['map50']:>9.3f}{m['map']:>8.3f}{mf['map50']:>13.3f}"
+                  f"{same:>11}/{len(feeds):<6}{sum(len(b) for b, _ in found.values()):>7}")
     return 0
 
 

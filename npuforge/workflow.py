@@ -27,8 +27,11 @@ def preprocess_of(config) -> dict:
 
 
 def transform_of(preprocess: dict):
-    from .zoo.transforms import EvalTransform
+    from .zoo.transforms import EvalTransform, LetterboxTransform
 
+    if preprocess.get("fit") == "letterbox":
+        return LetterboxTransform(preprocess["crop_size"][0], preprocess["interpolation"], preprocess["mean"],
+                                  preprocess["std"])
     return EvalTransform(preprocess["resize_size"], tuple(preprocess["crop_size"]), preprocess["interpolation"],
                          preprocess["mean"], preprocess["std"])
 
@@ -87,10 +90,9 @@ def resolve_model(spec: str, preprocess: str | None = None, log=None, input_shap
     if run is not None:
         graph = run_graph(run, path)
     elif not path.exists() and spec in DETECTORS:
-        from .detection.blazeface import detector_graph, preprocess_record
+        from .detection.blazeface import detector_graph
 
-        graph = detector_graph(spec)
-        graph.metadata["preprocess"] = preprocess_record(graph)
+        graph = detector_graph(spec)  # with its letterbox preprocessing record
     elif not path.exists() and spec in list_models():
         if input_shapes:
             raise NpuforgeError(f"{spec}: zoo models have static input shapes; --input-shape is for ONNX files")

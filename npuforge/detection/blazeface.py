@@ -117,17 +117,36 @@ def detector_graph(name: str = "face_detection_short_range", score_threshold: fl
     infer_shapes(g)
     g.check()
     g.metadata["detector"] = {"name": name, "input_size": spec.size, "score_threshold": score_threshold,
-                              "iou_threshold": iou_threshold}
+                              "iou_threshold": iou_threshold, "int16": box_path(g, regress)}
+    g.metadata["preprocess"] = preprocess_record(g)
     return g
 
 
 def preprocess_record(graph) -> dict:
-    """The preprocessing record calibration and evaluation read (npuforge's image transform: the short
-    side resized to the input, centre-cropped, (x - 127.5) / 127.5). Detection itself letterboxes
-    (:func:`preprocess`); for calibration the centre crop sees the same value range."""
+    """The preprocessing record calibration and evaluation read: letterboxed into the square input,
+    (x - 127.5) / 127.5, as :func:`preprocess` feeds the detector."""
     size = graph.metadata["detector"]["input_size"]
-    return {"resize_size": size, "crop_size": [size, size], "interpolation": "bilinear", "mean": [127.5] * 3,
-            "std": [127.5] * 3, "source": f"blazeface:{graph.metadata['detector']['name']}"}
+    return {"fit": "letterbox", "resize_size": size, "crop_size": [size, size], "interpolation": "bilinear",
+            "mean": [127.5] * 3, "std": [127.5] * 3, "source": f"blazeface:{graph.metadata['detector']['name']}"}
+
+
+def box_path(g, regress: str) -> list[str]:
+    """The values from the regressor convolutions to ``boxes``: what needs 16 bits in a quantized
+    detector. The regressors of anchors far from any face reach 1,585 input pixels on a 128-pixel
+    input (short range, over the shared photos), so on one 8-bit grid a code is 8 pixels."""
+    producers = g.producers()
+    path, todo = [], [regress]
+    while todo:
+        v = todo.pop()
+        node = producers.get(v)
+        if node is None or v in path:
+            continue
+        path.append(v)
+        if node.op in ("Concat", "Reshape", "Transpose"):  # back through the head's plumbing to its convs
+            todo += [i for i in node.inputs if i in producers]
+    decode = [o for n in g.nodes if n.name.startswith("detect/") for o in n.outputs
+              if o in ("boxes",) or o.startswith(("detect/slice", "detect/mul"))]
+    return path + decode
 
 
 @dataclass
@@ -143,16 +162,11 @@ class Letterbox:
 def preprocess(img, size: int) -> tuple[np.ndarray, Letterbox]:
     """A PIL image -> ([1, 3, size, size] float32 in [-1, 1], letterbox): the image fitted into the
     square keeping its aspect ratio, centred, black borders, as MediaPipe feeds its detectors."""
-    from PIL import Image
+    from ..zoo.transforms import letterbox, normalize
 
-    img = img.convert("RGB")
-    scale = size / max(img.size)
-    w, h = max(1, round(img.width * scale)), max(1, round(img.height * scale))
-    canvas = Image.new("RGB", (size, size))
-    px, py = (size - w) // 2, (size - h) // 2
-    canvas.paste(img.resize((w, h), Image.BILINEAR), (px, py))
-    x = np.asarray(canvas, np.float32).transpose(2, 0, 1)[None] / 127.5 - 1.0
-    return x.astype(np.float32), Letterbox(scale, px, py, img.width, img.height)
+    square, scale, left, top = letterbox(img, size)
+    x = normalize(np.asarray(square), (127.5,) * 3, (127.5,) * 3)[None]
+    return x, Letterbox(scale, left, top, img.width, img.height)
 
 
 def detections(outputs: dict, size: int, box: Letterbox | None = None) -> tuple[np.ndarray, np.ndarray]:

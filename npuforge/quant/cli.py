@@ -158,6 +158,11 @@ def cmd_quantize(args) -> int:
                          else "")
     log = stderr_log
     graph = resolve_model(args.model, args.preprocess, log=log, input_shapes=parse_input_shapes(args.input_shape))
+    hint = graph.metadata.get("detector", {}).get("int16", [])
+    if hint and not args.int16:  # a detector's box path (its regressors reach far beyond the image)
+        config.int16 = list(hint)
+        log(f"note: {args.model}'s box path ({len(hint)} values, from its regressor convolutions to 'boxes') is "
+            f"quantized in int16, as the detector records; --int16 NAMES chooses others")
     dataset = ImageDataset(args.calib, args.class_table)
     if args.target_drop is not None:
         return _climb(args, graph, dataset, config, out)

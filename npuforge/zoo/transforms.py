@@ -66,6 +66,31 @@ class EvalTransform:
                 f"mean {self.mean}, std {self.std})")
 
 
+def letterbox(img: Image.Image, size: int, interpolation: str = "bilinear") -> tuple[Image.Image, float, int, int]:
+    """The image fitted into a ``size`` x ``size`` square, aspect ratio kept, centred on black:
+    (square, scale, left pad, top pad), as detectors such as MediaPipe's are fed."""
+    scale = size / max(img.size)
+    w, h = max(1, round(img.width * scale)), max(1, round(img.height * scale))
+    canvas = Image.new("RGB", (size, size))
+    left, top = (size - w) // 2, (size - h) // 2
+    canvas.paste(img.convert("RGB").resize((w, h), _RESAMPLE[interpolation]), (left, top))
+    return canvas, scale, left, top
+
+
+class LetterboxTransform:
+    """PIL image -> float32 CHW: :func:`letterbox` into the square input, then ``(x - mean) / std``
+    (a preprocessing record with ``"fit": "letterbox"``)."""
+
+    def __init__(self, size: int, interpolation: str, mean, std):
+        self.size, self.interpolation, self.mean, self.std = size, interpolation, tuple(mean), tuple(std)
+
+    def __call__(self, img: Image.Image) -> np.ndarray:
+        return normalize(np.asarray(letterbox(img, self.size, self.interpolation)[0]), self.mean, self.std)
+
+    def __repr__(self) -> str:
+        return f"LetterboxTransform({self.size} {self.interpolation}, mean {self.mean}, std {self.std})"
+
+
 def eval_transform(config, image_size: int | tuple[int, int] | None = None) -> EvalTransform:
     """The evaluation preprocessing of a :class:`PretrainedConfig` (optionally at another crop size)."""
     crop = config.crop_size
