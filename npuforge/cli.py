@@ -163,6 +163,10 @@ def cmd_ops(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    if args.task == "detection":
+        from .detection.cli import eval_detection
+
+        return eval_detection(args)
     from .workflow import forward_of, resolve_model, stderr_log, transform_of
     from .zoo.data import ImageDataset
     from .zoo.evaluate import evaluate_logits
@@ -304,6 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preprocess", metavar="ZOO_MODEL", help="this zoo model's preprocessing (for ONNX files)")
     p.add_argument("--json", action="store_true", help="print one JSON object (top1, top5, images, ...)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--task", choices=("classification", "detection"), default="classification",
+                   help="detection: COCO mAP of a detector graph against --annotations (pycocotools); --engine "
+                        "npuforge runs a float graph in float and a quantized one in fake-quant, int in integers")
+    p.add_argument("--annotations", metavar="COCO.json", help="with --task detection: the COCO annotation file "
+                                                               "(its images are looked up in --data)")
+    p.add_argument("--category", metavar="NAME", help="with --task detection: the annotation category the "
+                                                      "detector's class is (default: the file's only category)")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("demo", help="the main job: quantize EfficientNet-Lite0 and compare FP32 with INT8",

@@ -238,3 +238,43 @@ def test_letterbox_record_feeds_calibration_what_detection_sees():
     assert np.array_equal(transform_of(record)(img), x[0])
     assert (box.scale, box.pad_x, box.pad_y) == (64 / 120, 0, 18)  # 120 x 50 -> 64 x 27, centred
     assert np.all(x[0, :, :box.pad_y] == -1.0) and np.all(x[0, :, box.pad_y + 27:] == -1.0)
+
+
+@needs_blazeface
+def test_eval_task_detection_scores_the_truth_at_one(tmp_path, capsys):
+    """`npuforge eval --task detection` against a COCO file of the float detector's own detections:
+    mAP 1.0; two categories without --category are refused."""
+    import json
+
+    from npuforge.cli import main as cli_main
+    from npuforge.detection.blazeface import detections, detector_graph, preprocess
+    from npuforge.detection.faces import face_photos
+
+    photos = face_photos(tmp_path)
+    if not photos:
+        pytest.skip("no face photos (insightface 2.1 or scikit-image not installed)")
+    g = detector_graph("face_detection_full_range")
+    images, anns = [], []
+    for k, path in enumerate(photos, 1):
+        img = Image.open(path)
+        x, box = preprocess(img, 192)
+        for x0, y0, x1, y1 in detections(g.run({"input": x}), 192, box)[0].tolist():
+            anns.append({"id": len(anns) + 1, "image_id": k, "category_id": 1, "bbox": [x0, y0, x1 - x0, y1 - y0],
+                         "area": (x1 - x0) * (y1 - y0), "iscrowd": 0})
+        images.append({"id": k, "file_name": path.name, "width": img.width, "height": img.height})
+    assert anns
+    for path in photos:
+        (tmp_path / "img").mkdir(exist_ok=True)
+        (tmp_path / "img" / path.name).write_bytes(path.read_bytes())
+    coco = {"images": images, "annotations": anns, "categories": [{"id": 1, "name": "face"}]}
+    (tmp_path / "faces.json").write_text(json.dumps(coco))
+    argv = ["eval", "face_detection_full_range", "--task", "detection", "--data", str(tmp_path / "img"),
+            "--annotations", str(tmp_path / "faces.json"), "--json"]
+    assert cli_main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["engine"] == "float" and result["images"] == len(photos)
+    assert result["map"] == pytest.approx(1.0) and result["detections"] == len(anns)
+    coco["categories"].append({"id": 2, "name": "hat"})
+    (tmp_path / "faces.json").write_text(json.dumps(coco))
+    assert cli_main(argv) == 2
+    assert "name the detector's with --category" in capsys.readouterr().err

@@ -113,19 +113,7 @@ def cmd_detect(args) -> int:
     graph = load_detector(args.model)
     quantized = any(v.quant is not None for v in graph.values.values())
     engine = args.engine or ("int" if quantized else "float")
-    if engine != "float" and not quantized:
-        raise NpuforgeError(f"--engine {engine}: {args.model} is not quantized (npuforge quantize it first)")
-    if engine == "int":
-        from ..sim.integer import IntegerSimulator
-
-        sim = IntegerSimulator(graph)
-        run = lambda feeds: sim.run(feeds)  # noqa: E731
-    elif engine == "fake":
-        from ..sim.fake_quant import run_fake_quant
-
-        run = lambda feeds: run_fake_quant(graph, feeds)  # noqa: E731
-    else:
-        run = graph.run
+    run = _runner(graph, engine, args.model)
     size = graph.metadata["detector"]["input_size"]
     out_dir = Path(args.output) if args.output and len(args.images) > 1 else None
     report = []
@@ -150,4 +138,68 @@ def cmd_detect(args) -> int:
             print(f"{r['image']}: {len(r['detections'])} face(s){': ' + found if found else ''}")
         if args.output:
             print(f"  wrote {args.output}")
+    return 0
+
+
+def _runner(graph, engine: str, where: str):
+    """The forward of a detector graph: float, fake-quant or the integer simulator."""
+    from ..errors import NpuforgeError
+
+    quantized = any(v.quant is not None for v in graph.values.values())
+    if engine != "float" and not quantized:
+        raise NpuforgeError(f"--engine {engine}: {where} is not quantized (npuforge quantize it first)")
+    if engine == "int":
+        from ..sim.integer import IntegerSimulator
+
+        return IntegerSimulator(graph).run
+    if engine == "fake":
+        from ..sim.fake_quant import run_fake_quant
+
+        return lambda feeds: run_fake_quant(graph, feeds)
+    return graph.run
+
+
+def eval_detection(args) -> int:
+    """``npuforge eval MODEL --task detection --data DIR --annotations COCO.json``: COCO mAP."""
+    from PIL import Image
+    from tqdm import tqdm
+
+    from ..errors import NpuforgeError
+    from .blazeface import detections, preprocess
+    from .coco import load_coco
+    from .metric import coco_map
+
+    if not args.annotations:
+        raise NpuforgeError("--task detection needs --annotations COCO.json")
+    if args.engine == "ort":
+        raise NpuforgeError("--engine ort: detection runs in npuforge (npuforge: float or fake-quant; int)")
+    graph = load_detector(args.model)
+    quantized = any(v.quant is not None for v in graph.values.values())
+    engine = "int" if args.engine == "int" else ("fake" if quantized else "float")
+    run = _runner(graph, engine, args.model)
+    ds = load_coco(args.annotations, args.data)
+    names = ds.category_names
+    if args.category is None and len(names) != 1:
+        raise NpuforgeError(f"{args.annotations}: {len(names)} categories; name the detector's with --category "
+                            f"({', '.join(sorted(names.values()))})")
+    wanted = args.category or next(iter(names.values()))
+    ids = [k for k, v in names.items() if v == wanted]
+    if not ids:
+        raise NpuforgeError(f"--category {wanted}: not in {args.annotations} ({', '.join(sorted(names.values()))})")
+    images = ds.images[args.skip:][:args.limit] if args.limit else ds.images[args.skip:]
+    size = graph.metadata["detector"]["input_size"]
+    found = {}
+    for im in tqdm(images, unit="img", desc="detecting", disable=args.quiet or args.json, leave=False):
+        with Image.open(ds.image_path(im)) as img:
+            x, box = preprocess(img.convert("RGB"), size)
+        b, s = detections(run({graph.inputs[0]: x}), size, box)
+        found[im["id"]] = (b, s, [ids[0]] * len(b))
+    m = coco_map(ds, found)
+    result = {"model": args.model, "engine": engine, "images": len(images), "category": wanted,
+              "detections": sum(len(v[0]) for v in found.values()), **{k: round(v, 4) for k, v in m.items()}}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{args.model} ({engine}) on {len(images)} images of {args.annotations}: mAP {m['map']:.3f}, "
+              f"mAP@0.5 {m['map50']:.3f}, mAP@0.75 {m['map75']:.3f} ({result['detections']} '{wanted}' detections)")
     return 0
