@@ -167,7 +167,7 @@ def cmd_eval(args) -> int:
         from .detection.cli import eval_detection
 
         return eval_detection(args)
-    from .workflow import forward_of, resolve_model, stderr_log, transform_of
+    from .workflow import check_input_size, forward_of, resolve_model, stderr_log, transform_of
     from .zoo.data import ImageDataset
     from .zoo.evaluate import evaluate_logits
 
@@ -194,6 +194,7 @@ def cmd_eval(args) -> int:
     else:
         graph = resolve_model(args.model, args.preprocess, log=stderr_log,
                               input_shapes=parse_input_shapes(args.input_shape))
+        check_input_size(graph, args.model)
         forward = forward_of(graph, args.engine, sim_engine=args.sim_engine)
     table = args.class_table
     if table is None and "class_table" in graph.metadata:  # a training run's classes

@@ -122,6 +122,18 @@ def resolve_model(spec: str, preprocess: str | None = None, log=None, input_shap
     return graph
 
 
+def check_input_size(graph, where: str) -> None:
+    """The preprocessing's image size must be the graph's static input size: a mismatch is the
+    user's choice of --preprocess, said in one line (not a runtime's shape error mid-run)."""
+    shape = graph.values[graph.inputs[0]].shape
+    pre = graph.metadata.get("preprocess") or {}
+    crop = tuple(pre.get("crop_size", ()))
+    if len(shape) == 4 and len(crop) == 2 and all(isinstance(d, int) for d in shape[2:]) and tuple(shape[2:]) != crop:
+        raise NpuforgeError(f"{where}: input '{graph.inputs[0]}' is {list(shape)} but the preprocessing "
+                            f"({pre.get('source', 'recorded')}) makes {crop[0]}x{crop[1]} images; give --preprocess a "
+                            f"zoo model of input size {shape[2]}x{shape[3]}")
+
+
 def forward_of(graph, engine: str = "npuforge", onnx_path: Path | None = None, sim_engine: str = "auto"):
     """A batch -> logits function for the engine: npuforge (float, or fake-quant for a
     quantized graph), ort (ONNX Runtime on the ONNX / QDQ form) or int (the integer

@@ -278,3 +278,23 @@ def test_eval_task_detection_scores_the_truth_at_one(tmp_path, capsys):
     (tmp_path / "faces.json").write_text(json.dumps(coco))
     assert cli_main(argv) == 2
     assert "name the detector's with --category" in capsys.readouterr().err
+
+
+@needs_blazeface
+def test_a_preprocessing_of_the_wrong_size_is_one_line(tmp_path, capsys):
+    """A 192 x 192 model with a 224 x 224 preprocessing: refused before any image is read (it was
+    ONNX Runtime's shape error, with a traceback, in the middle of calibration)."""
+    from npuforge.cli import main as cli_main
+    from npuforge.detection.blazeface import model_file
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    Image.new("RGB", (40, 30)).save(photos / "a.png")
+    model = str(model_file("face_detection_full_range"))
+    for argv in (["quantize", model, "--calib", str(photos), "--num-calib", "1", "-o", str(tmp_path / "q.nfir")],
+                 ["eval", model, "--data", str(photos)]):
+        assert cli_main(argv + ["--preprocess", "efficientnet_lite0"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "is [1, 3, 192, 192] but the preprocessing (zoo:efficientnet_lite0) makes 224x224" in err, err
+        assert "\n" not in err
+    assert not (tmp_path / "q.nfir").exists()

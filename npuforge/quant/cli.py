@@ -137,7 +137,7 @@ def cmd_quantize(args) -> int:
     from tqdm import tqdm
 
     from ..cli import parse_input_shapes
-    from ..workflow import resolve_model, stderr_log, transform_of
+    from ..workflow import check_input_size, resolve_model, stderr_log, transform_of
     from ..zoo.data import ImageDataset, iter_batches
     from .quantize import quantize
 
@@ -158,6 +158,7 @@ def cmd_quantize(args) -> int:
                          else "")
     log = stderr_log
     graph = resolve_model(args.model, args.preprocess, log=log, input_shapes=parse_input_shapes(args.input_shape))
+    check_input_size(graph, args.model)
     hint = graph.metadata.get("detector", {}).get("int16", [])
     if hint and not args.int16:  # a detector's box path (its regressors reach far beyond the image)
         config.int16 = list(hint)
