@@ -11,7 +11,6 @@ import importlib
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from .errors import CheckError, NpuforgeError
@@ -85,16 +84,25 @@ def cmd_check(args) -> int:
     return 0
 
 
-def _parse_inputs(graph, specs: list[str]) -> dict:
+def parse_inputs(names: list, specs: list[str], what: str = "graph", read=None) -> dict:
+    """``--input NAME=FILE`` specs -> {input name: array}; NAME= may be left out for one input.
+    ``read(file)`` may return an array for files it knows (an .npub program's images), else None:
+    the file is read as .npy."""
     import numpy as np
 
     feeds = {}
     for spec in specs:
         name, sep, file = spec.rpartition("=")
         if not sep:
-            if len(graph.inputs) != 1:
-                raise NpuforgeError(f"--input {spec}: the graph has {len(graph.inputs)} inputs; write NAME=FILE.npy")
-            name, file = graph.inputs[0], spec
+            if len(names) != 1:
+                raise NpuforgeError(f"--input {spec}: the {what} has {len(names)} inputs; write NAME=FILE.npy")
+            name, file = names[0], spec
+        if name not in names:
+            raise NpuforgeError(f"--input {spec}: the {what} has no input '{name}' (its inputs: {', '.join(names)})")
+        arr = read(file) if read else None
+        if arr is not None:
+            feeds[name] = arr
+            continue
         try:
             feeds[name] = np.load(file, allow_pickle=False)
         except (OSError, ValueError) as e:
@@ -108,35 +116,40 @@ SIM_ENGINE_HELP = ("who runs the integer program: auto (default: ort where every
 
 
 def cmd_run(args) -> int:
+    import io
+
     import numpy as np
 
-    if str(args.model).endswith(".npub"):
-        from .compiler.cli import run_program_cli
+    from .fileio import write_atomic
 
-        return run_program_cli(args)
-    graph = _load(args)
-    feeds = _parse_inputs(graph, args.input)
-    if args.mode == "float":
-        results = graph.run(feeds)
-    elif args.mode == "fake":
-        from .sim.fake_quant import run_fake_quant
+    program = str(args.model).endswith(".npub")
+    if program:
+        from .compiler.cli import run_program
 
-        results = run_fake_quant(graph, feeds)
+        results = run_program(args)
     else:
-        from .sim.lowered import make_simulator
+        graph = _load(args)
+        feeds = parse_inputs(graph.inputs, args.input)
+        if args.mode == "float":
+            results = graph.run(feeds)
+        elif args.mode == "fake":
+            from .sim.fake_quant import run_fake_quant
 
-        results = make_simulator(graph, args.rounding, args.sim_engine).run(feeds, dequantize=not args.codes)
+            results = run_fake_quant(graph, feeds)
+        else:
+            from .sim.lowered import make_simulator
+
+            results = make_simulator(graph, args.rounding, args.sim_engine).run(feeds, dequantize=not args.codes)
     for name, arr in results.items():
         stats = f"min {arr.min():.6g} max {arr.max():.6g}" if arr.size and arr.dtype.kind in "fiu" else ""
+        if program and arr.ndim == 2 and arr.shape[0] == 1 and arr.shape[1] > 1:  # a classifier's scores
+            stats += "; top-5 " + ", ".join(str(int(i)) for i in np.argsort(-arr[0], kind="stable")[:5])
         print(f"{name}: {arr.dtype}{list(arr.shape)} {stats}")
     if args.output:
-        out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        # write beside the target, then rename: a failed run never leaves half a file
-        with tempfile.NamedTemporaryFile(dir=out.parent, suffix=".npz", delete=False) as tmp:
-            np.savez(tmp, **results)
-        os.replace(tmp.name, out)
-        print(f"wrote {out}")
+        buf = io.BytesIO()
+        np.savez(buf, **results)
+        write_atomic(Path(args.output), buf.getvalue())  # a failed run never leaves half a file
+        print(f"wrote {args.output}")
     return 0
 
 

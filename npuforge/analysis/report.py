@@ -4,11 +4,10 @@ no link or image that leaves the file."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from html import escape
 from pathlib import Path
 
+from ..fileio import write_atomic
 from . import svg
 
 CSS = """
@@ -143,11 +142,4 @@ def render(result: dict) -> str:
 
 
 def write_report(result: dict, path: Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".html", delete=False, encoding="utf-8") as f:
-        f.write(render(result))
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(f.name, 0o666 & ~mask)  # a temporary file is private; the report is an ordinary file
-    os.replace(f.name, path)
+    write_atomic(Path(path), render(result).encode("utf-8"))

@@ -8,9 +8,6 @@ from pathlib import Path
 
 from ..errors import NpuforgeError
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-
-
 def parse_bytes(text: str) -> int:
     """'393216', '384K', '384KiB', '1.5M' -> bytes (K and KiB are 1024)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(k|kib|kb|m|mib|mb)?\s*", str(text), re.IGNORECASE)
@@ -82,34 +79,15 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def _feeds(image, specs: list[str]) -> dict:
-    import numpy as np
-
-    names = [image.tensors[t].name for t, _ in image.inputs]
-    feeds = {}
-    for spec in specs:
-        name, sep, file = spec.rpartition("=")
-        if not sep:
-            if len(names) != 1:
-                raise NpuforgeError(f"--input {spec}: the program has {len(names)} inputs; write NAME=FILE")
-            name, file = names[0], spec
-        if name not in names:
-            raise NpuforgeError(f"--input {spec}: the program has no input '{name}' (its inputs: {', '.join(names)})")
-        if Path(file).suffix.lower() in IMAGE_SUFFIXES:
-            feeds[name] = _image(image, file)
-            continue
-        try:
-            feeds[name] = np.load(file, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise NpuforgeError(f"--input {spec}: cannot read {file} as .npy ({e})") from None
-    return feeds
-
-
 def _image(image, file: str):
+    """An image file fed to a program: preprocessed as the program records (None: not an image)."""
     from PIL import Image, UnidentifiedImageError
 
     from ..workflow import transform_of
+    from ..zoo.data import IMAGE_EXTENSIONS
 
+    if Path(file).suffix.lower() not in IMAGE_EXTENSIONS:
+        return None
     pre = image.meta.get("preprocess")
     if not pre:
         raise NpuforgeError(f"--input {file}: the program records no preprocessing; give a .npy input")
@@ -121,30 +99,20 @@ def _image(image, file: str):
     return x[None]
 
 
-def run_program_cli(args) -> int:
-    """``npuforge run PROGRAM.npub``: the program simulator, which reads nothing but the binary."""
+def run_program(args) -> dict:
+    """``npuforge run PROGRAM.npub``: the outputs of the program simulator, which reads nothing but
+    the binary (dequantized with each output's grid unless --codes)."""
     import numpy as np
 
-    from ..fileio import write_atomic
+    from ..cli import parse_inputs
     from .progsim import ProgramSimulator, load_program
 
     image = load_program(args.model)
-    results = ProgramSimulator(image).run(_feeds(image, args.input))
-    by_name = {image.tensors[t].name: image.tensors[t] for t, _ in image.outputs}
-    if not args.codes:  # dequantize with the output's grid, as the integer simulator does
-        results = {k: ((v.astype(np.int64) - by_name[k].zero_point) * np.float64(np.float32(by_name[k].scale))
-                       ).astype(np.float32) for k, v in results.items()}
-    for name, arr in results.items():
-        line = f"{name}: {arr.dtype}{list(arr.shape)} min {arr.min():.6g} max {arr.max():.6g}"
-        if arr.ndim == 2 and arr.shape[0] == 1 and arr.shape[1] > 1:
-            top = np.argsort(-arr[0], kind="stable")[:5]
-            line += "; top-5 " + ", ".join(str(int(i)) for i in top)
-        print(line)
-    if args.output:
-        import io
-
-        buf = io.BytesIO()
-        np.savez(buf, **results)
-        write_atomic(Path(args.output), buf.getvalue())
-        print(f"wrote {args.output}")
-    return 0
+    names = [image.tensors[t].name for t, _ in image.inputs]
+    feeds = parse_inputs(names, args.input, "program", read=lambda file: _image(image, file))
+    results = ProgramSimulator(image).run(feeds)
+    if args.codes:
+        return results
+    grids = {image.tensors[t].name: image.tensors[t] for t, _ in image.outputs}
+    return {k: ((v.astype(np.int64) - grids[k].zero_point) * np.float64(np.float32(grids[k].scale))
+                ).astype(np.float32) for k, v in results.items()}

@@ -78,9 +78,9 @@ def detector_graph(name: str = "face_detection_short_range", score_threshold: fl
     from .. import load
     from ..ir.graph import Node, Value
 
-    spec = DETECTORS.get(name)
-    g = load(model_file(name))
-    if spec is None or g.values[g.inputs[0]].shape[2:] != (spec.size, spec.size):
+    g = load(model_file(name))  # refuses an unknown name
+    spec = DETECTORS[name]
+    if g.values[g.inputs[0]].shape[2:] != (spec.size, spec.size):
         raise NpuforgeError(f"{name}: input {g.values[g.inputs[0]].shape} is not {spec.size}x{spec.size}")
     regress, classify = g.outputs
     n = g.values[regress].shape[1]

@@ -20,9 +20,9 @@ from PIL import Image
 
 from ..errors import NpuforgeError
 from ..fileio import write_atomic
+from ..zoo.data import _is_image
 
 SHAPES = ("square", "circle", "triangle", "cross")
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 
 
 def _mask(shape: str, w: int, h: int) -> np.ndarray:
@@ -81,7 +81,7 @@ def make_synthetic_set(photos, out, images: int = 200, size: int = 160, seed: in
     photos, out = Path(photos), Path(out)
     if not photos.is_dir():
         raise NpuforgeError(f"--photos {photos}: not a folder")
-    sources = sorted(p for p in photos.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+    sources = sorted(p for p in photos.rglob("*") if _is_image(p))
     if not sources:
         raise NpuforgeError(f"--photos {photos}: no images (.jpg, .png, ...) in it")
     if images < 1 or size < 32 or max_objects < 1:
