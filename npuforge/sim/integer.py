@@ -140,10 +140,9 @@ class IntegerSimulator(ElementwiseKernels):
     def _kind(self, node) -> str | None:
         kind = get_op(node.op).quant_kind(node, self.graph)
         out = self.graph.values[node.outputs[0]] if node.outputs and node.outputs[0] else None
-        if kind == "nms" and node.quant:  # integer NMS: quantized inputs, int64 indices out
-            return kind
         if out is None or out.quant is None:
-            return None
+            # an op whose own rule computes integers into unquantized outputs (NMS's int64 indices)
+            return kind if node.quant and hasattr(get_op(node.op), "integer_forward") else None
         if kind not in ("passthrough", "concat") and not node.quant:
             return None  # quantized around, but no integers of its own: runs in float
         return kind
