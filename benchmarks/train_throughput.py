@@ -54,7 +54,7 @@ def measure(kind: str, model: str, data: str, out: str, batch: int, steps: int) 
             opt.step()
             images += len(y) * trainer.dist.world
         rate = images / (time.perf_counter() - t0)
-    trainer.dist.close()
+    trainer.close()
     return rate
 
 

@@ -176,7 +176,7 @@ t.build()
 r = t.evaluate()
 if t.dist.main:
     print(json.dumps(r))
-t.dist.close()
+t.close()
 """
 
 

@@ -12,6 +12,7 @@ weights bit for bit (CPU, the same thread count).
 from __future__ import annotations
 
 import copy
+import gc
 import json
 import math
 import signal
@@ -305,6 +306,17 @@ class Trainer:
         """After the last epoch, on the first process."""
         self._plot()
 
+    def close(self) -> None:
+        """Leave the process group. DistributedDataParallel holds the gloo group (its reducer
+        keeps a reference), so ``destroy_process_group`` alone leaves the group alive until
+        interpreter shutdown, where tearing its worker threads down now and then aborts the
+        process ("terminate called without an active exception", SIGABRT). Dropping the
+        wrapper first lets the group go while the interpreter is whole."""
+        if getattr(self, "net", None) is not None and self.net is not getattr(self, "model", None):
+            self.net = self.model
+            gc.collect()
+        self.dist.close()
+
     def _resume(self):
         path = self.out / "last.pt"
         if not path.is_file():
@@ -529,7 +541,7 @@ def train_with(trainer: Trainer, stop_after_step: int | None = None) -> dict:
     try:
         return trainer.run(stop_after_step)
     finally:
-        trainer.dist.close()
+        trainer.close()
         torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])  # as the caller had it
 
 
