@@ -29,6 +29,7 @@ from npuforge.zoo.transforms import center_crop, eval_transform, resize_short_si
 
 ALL_MODELS = ["efficientnet_lite0", "efficientnet_lite1", "efficientnet_lite2", "mobilenet_v2", "resnet18",
               "resnet50", "shufflenet_v2_x1_0"]
+DETECTORS = ["fcos_mobilenet_v2_fpn", "retinanet_mobilenet_v2_fpn"]  # tested in test_detection_models.py
 
 
 def _shared_data() -> Path:
@@ -67,11 +68,11 @@ def run_cli(capsys, *argv):
 
 
 def test_list_models():
-    assert list_models() == sorted(ALL_MODELS)
+    assert list_models() == sorted(ALL_MODELS + DETECTORS)
     assert list_models("efficientnet*") == ALL_MODELS[:3]
     assert list_models("resnet?8") == ["resnet18"]
     assert list_models("nothing*") == []
-    assert list_models(pretrained=True) == ALL_MODELS[:4]
+    assert list_models(pretrained=True) == sorted(ALL_MODELS[:4] + DETECTORS)  # their backbone's weights
 
 
 def test_mobilenet_v2_weights_load_strictly():

@@ -137,6 +137,7 @@ def register_model(name: str, config: PretrainedConfig, *, head: str, load_pretr
 def _ensure_loaded() -> None:
     # importing the definitions registers them
     from . import efficientnet_lite, mobilenet_v2, resnet, shufflenet_v2  # noqa: F401
+    from ..detection import fcos, retinanet  # noqa: F401
 
 
 def _entry(name: str) -> _Entry:
