@@ -81,6 +81,8 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=0.003)
+    ap.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    ap.add_argument("--weight-decay", type=float, default=5e-5)
     ap.add_argument("--warmup-epochs", type=float, default=1.0)
     ap.add_argument("--crop-scale", type=float, default=0.08)
     ap.add_argument("--probe-init", action=argparse.BooleanOptionalAction, default=True,
@@ -112,7 +114,8 @@ def main() -> int:
         probe_s = time.perf_counter() - t
         t = time.perf_counter()
         cfg = TrainConfig(model=name, data=str(train_dir), output=str(work / name), epochs=args.epochs,
-                          batch_size=args.batch_size, lr=args.lr, warmup_epochs=args.warmup_epochs, seed=args.seed,
+                          batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
+                          weight_decay=args.weight_decay, warmup_epochs=args.warmup_epochs, seed=args.seed,
                           workers=2, val_split=args.val_split, probe_init=args.probe_init, crop_scale=args.crop_scale,
                           freeze_bn=args.freeze_bn, label_smoothing=args.label_smoothing,
                           clip_grad=args.clip_grad)
