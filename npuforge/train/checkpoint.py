@@ -2,7 +2,7 @@
 the rest of npuforge needs to use the model (zoo name, class names, preprocessing).
 
 ``last.pt`` after every epoch (and on an interruption, mid-epoch), ``best.pt`` for the
-best validation top-1, and the top-k epochs as ``epoch_NNN.pt``.
+best validation top-1 (a detector's: COCO mAP), and the top-k epochs as ``epoch_NNN.pt``.
 """
 
 from __future__ import annotations

@@ -211,13 +211,7 @@ class Trainer:
             raise NpuforgeError(f"{cfg.data}: {len(train)} training images are fewer than one batch of "
                                 f"{cfg.batch_size} x {d.world} process(es); lower --batch-size")
         self.preprocess = self.preprocessing()
-        from ..workflow import transform_of
-
-        pp = self.preprocess
-        transform = TrainTransform(tuple(pp["crop_size"]), pp["mean"], pp["std"], pp["interpolation"],
-                                   scale=(cfg.crop_scale, 1.0))
-        self.train_set = SampleSet(train, transform, cfg.seed, train=True)
-        self.val_set = SampleSet(val, transform_of(pp), cfg.seed, train=False)
+        self.train_set, self.val_set = self.sample_sets(train, val)
         model = self.make_model(n, train)
         model = model.to(d.device)
         if cfg.freeze_bn:
@@ -244,7 +238,13 @@ class Trainer:
         if cfg.resume:
             self._resume()
 
-    # -- what a trainer of another kind of model replaces (QAT: npuforge.qat.trainer) ----------
+    # -- what a trainer of another kind of model replaces (QAT: npuforge.qat.trainer; detectors:
+    # npuforge.detection.train) ------------------------------------------------------------------
+    metric = "val_top1"  # the record's key that ranks epochs (best.pt, the top-k), higher is better
+    curves = (("val_top1", "top-1"), ("val_top5", "top-5"))  # curves.png's right panel: (key, label)
+    curves_label = "validation accuracy (%)"
+    collate_fn = staticmethod(collate)  # batches of the sample sets (a module-level function: spawn-safe)
+
     def datasets(self) -> tuple[list, list]:
         """(training samples, validation samples) as (path, label) lists; sets ``classes`` and
         ``class_ids``."""
@@ -268,6 +268,17 @@ class Trainer:
                 cfg.model_kwargs = {**cfg.model_kwargs, "image_size": size}
         return pp
 
+    def sample_sets(self, train: list, val: list):
+        """(training set, validation set) of the samples :meth:`datasets` gave; each item is
+        (input or None when unreadable, label, index), picklable for spawned loader workers."""
+        from ..workflow import transform_of
+
+        cfg, pp = self.cfg, self.preprocess
+        transform = TrainTransform(tuple(pp["crop_size"]), pp["mean"], pp["std"], pp["interpolation"],
+                                   scale=(cfg.crop_scale, 1.0))
+        return (SampleSet(train, transform, cfg.seed, train=True),
+                SampleSet(val, transform_of(pp), cfg.seed, train=False))
+
     def make_model(self, n: int, train: list):
         """The zoo model with ``n`` classes (a probe-initialised head with ``--probe-init``)."""
         import warnings
@@ -290,8 +301,17 @@ class Trainer:
             self.log(f"classifier initialised from a linear probe of the frozen features (L2 {l2:g})")
         return model
 
+    def prepare_batch(self, x, y, epoch: int, step: int):
+        """A loaded training batch on the device: (inputs, labels, target); classes: the
+        one-hot or mixup / cutmix soft target, seeded by (epoch, step)."""
+        x, y = x.to(self.dist.device), y.to(self.dist.device)
+        x, target = _mix(x, y, self.cfg, epoch, step, len(self.classes))
+        return x, y, target
+
     def loss(self, logits, x, y, target):
-        """The training loss of a batch (``target``: one-hot or mixed soft labels)."""
+        """The training loss of a batch (``target``: one-hot or mixed soft labels): a scalar
+        tensor, or a dict of it under "loss" and named parts the epoch record averages as
+        ``train_<name>``."""
         return F.cross_entropy(logits.float(), target, label_smoothing=self.cfg.label_smoothing)
 
     def eval_labels(self, x, y):
@@ -301,6 +321,11 @@ class Trainer:
     def payload(self) -> dict:
         """What a checkpoint records beside the training state, for the commands that use it."""
         return {"model_name": self.cfg.model, "model_kwargs": self.cfg.model_kwargs}
+
+    def describe(self, record: dict) -> str:
+        """The validation part of an epoch's log line."""
+        return (f", val top-1 {record['val_top1']:.2f} % ({record['val_correct']}/{record['val_total']}), "
+                f"top-5 {record['val_top5']:.2f} %") if "val_top1" in record else ""
 
     def finish(self) -> None:
         """After the last epoch, on the first process."""
@@ -340,7 +365,7 @@ class Trainer:
     def _loader(self, batches, dataset):
         workers = self.cfg.workers
         return torch.utils.data.DataLoader(
-            dataset, batch_sampler=batches, num_workers=workers, collate_fn=collate,
+            dataset, batch_sampler=batches, num_workers=workers, collate_fn=self.collate_fn,
             multiprocessing_context="spawn" if workers else None, generator=torch.Generator().manual_seed(0))
 
     def _checkpoint(self, name: str, metric: float | None = None) -> None:
@@ -373,10 +398,13 @@ class Trainer:
                                   enabled=cfg.amp)
         for step, (x, y, skipped) in enumerate(self._loader(batches, self.train_set), start):
             self.state["skipped_images"] += skipped
-            x, y = x.to(d.device), y.to(d.device)
-            x, target = _mix(x, y, cfg, epoch, step, len(self.classes))
+            x, y, target = self.prepare_batch(x, y, epoch, step)
             with autocast:
                 loss = self.loss(self.net(x), x, y, target)
+            parts = {}
+            if isinstance(loss, dict):
+                parts = {k: v for k, v in loss.items() if k != "loss"}
+                loss = loss["loss"]
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_grad or float("inf"))
@@ -399,9 +427,14 @@ class Trainer:
                 if self.ema:
                     self.ema.update(self.model)
             self.state["step"], self.state["global_step"] = step + 1, self.state["global_step"] + 1
-            if torch.isfinite(loss):
+            finite = bool(torch.isfinite(loss))
+            if finite:
                 self.state["epoch_loss"] += float(loss.detach()) * len(y)
                 self.state["epoch_seen"] += len(y)
+            if parts:  # every process sums every name (the epoch's all-reduce takes the same list everywhere)
+                sums = self.state.setdefault("epoch_parts", {})
+                for k, v in parts.items():
+                    sums[k] = sums.get(k, 0.0) + (float(v.detach()) * len(y) if finite else 0.0)
             if bar is not None:
                 rate = (step + 1 - start) * cfg.batch_size * d.world / (time.perf_counter() - t0)
                 bar.set_postfix(loss=f"{float(loss):.3f}", lr=f"{self.sched.get_last_lr()[0]:.2e}", img_s=f"{rate:.1f}")
@@ -416,9 +449,13 @@ class Trainer:
                     raise _Stopped()
         if bar is not None:
             bar.close()
-        totals = d.sum([self.state.pop("epoch_loss"), self.state.pop("epoch_seen")])
+        part_sums = self.state.pop("epoch_parts", {})
+        names = sorted(part_sums)  # the same names on every process (the same loss)
+        totals = d.sum([self.state.pop("epoch_loss"), self.state.pop("epoch_seen"), *(part_sums[k] for k in names)])
         done = (self.plan.steps_per_epoch - start) * cfg.batch_size * d.world
-        return {"train_loss": totals[0] / max(totals[1], 1), "images_per_s": done / (time.perf_counter() - t0)}
+        return {"train_loss": totals[0] / max(totals[1], 1),
+                **{f"train_{k}": v / max(totals[1], 1) for k, v in zip(names, totals[2:])},
+                "images_per_s": done / (time.perf_counter() - t0)}
 
     @torch.no_grad()
     def evaluate(self) -> dict:
@@ -468,20 +505,19 @@ class Trainer:
                 self.state.update(epoch=epoch + 1, step=0)
                 self.state["history"].append(record)
                 # without validation the latest epoch ranks first
-                ranking = sorted(self.state["ranking"] + [(record.get("val_top1"), epoch + 1)],
+                ranking = sorted(self.state["ranking"] + [(record.get(self.metric), epoch + 1)],
                                  key=lambda r: -r[1] if r[0] is None else -r[0])
                 self.state["ranking"] = ranking[:cfg.keep]  # every process knows the best epoch
                 if self.dist.main:
-                    self._checkpoint(f"epoch_{epoch + 1:03d}.pt", record.get("val_top1"))
+                    self._checkpoint(f"epoch_{epoch + 1:03d}.pt", record.get(self.metric))
                     ckpt.keep_top_k(self.out, ranking, cfg.keep)
                     if self.state["ranking"][0][1] == epoch + 1:
-                        self._checkpoint("best.pt", record.get("val_top1"))
-                    self._checkpoint("last.pt", record.get("val_top1"))
+                        self._checkpoint("best.pt", record.get(self.metric))
+                    self._checkpoint("last.pt", record.get(self.metric))
                     self._write_records(record)
                 if self.stop_requested or stop_after_step == self.state["global_step"]:
                     raise _Stopped()
-                val = (f", val top-1 {record['val_top1']:.2f} % ({record['val_correct']}/{record['val_total']}), "
-                       f"top-5 {record['val_top5']:.2f} %") if "val_top1" in record else ""
+                val = self.describe(record)
                 self.log(f"epoch {epoch + 1}/{cfg.epochs}: train loss {record['train_loss']:.4f}{val}, "
                          f"{record['images_per_s']:.1f} images/s")
                 self.dist.barrier()
@@ -493,8 +529,9 @@ class Trainer:
         if self.dist.main:
             self.finish()
         best = self.state["ranking"][0]
-        return {"stopped": False, "best_top1": best[0], "best_epoch": best[1], "history": self.state["history"],
-                "output": str(self.out)}
+        # best_top1 for classifiers, best_map for detectors: the ranking metric without its val_
+        return {"stopped": False, f"best_{self.metric.removeprefix('val_')}": best[0], "best_epoch": best[1],
+                "history": self.state["history"], "output": str(self.out)}
 
     def _write_records(self, record: dict) -> None:
         with open(self.out / "metrics.jsonl", "a") as f:
@@ -520,11 +557,11 @@ class Trainer:
         validated = "val_loss" in h[-1]
         if validated:
             a.plot([r["epoch"] for r in h], [r["val_loss"] for r in h], label="validation")
-            b.plot([r["epoch"] for r in h], [r["val_top1"] for r in h], label="top-1")
-            b.plot([r["epoch"] for r in h], [r["val_top5"] for r in h], label="top-5")
+            for key, label in self.curves:
+                b.plot([r["epoch"] for r in h], [r[key] for r in h], label=label)
             b.legend()
         a.set_xlabel("epoch"), a.set_ylabel("loss"), a.legend()
-        b.set_xlabel("epoch"), b.set_ylabel("validation accuracy (%)" if validated else "no validation (--val-split 0)")
+        b.set_xlabel("epoch"), b.set_ylabel(self.curves_label if validated else "no validation (--val-split 0)")
         fig.tight_layout()
         fig.savefig(self.out / "curves.png", dpi=100)
         plt.close(fig)

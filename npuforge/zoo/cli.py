@@ -31,6 +31,7 @@ def _run_checkpoint(args):
         return None
     model, _, preprocess = model_from(state)
     model.run_preprocess, model.run_classes = preprocess, class_table_of(state, args.name)
+    model.run_category_ids = state.get("category_ids")  # a detector's COCO category ids
     return model
 
 
@@ -44,9 +45,9 @@ def _build(args, *, default_pretrained: bool = True):
     config = get_config(args.name)  # unknown name -> NpuforgeError with close matches
     kwargs = {}
     if getattr(args, "image_size", None):
-        if not args.name.startswith("efficientnet_lite"):
-            raise NpuforgeError(f"--image-size applies to the efficientnet_lite models (static TF padding); "
-                                f"{args.name} takes any input size")
+        if not args.name.startswith("efficientnet_lite") and not _is_detector(args.name):
+            raise NpuforgeError(f"--image-size applies to the efficientnet_lite models (static TF padding) and the "
+                                f"detectors (their priors); {args.name} takes any input size")
         kwargs["image_size"] = args.image_size
     pretrained = args.pretrained
     if pretrained is None:
@@ -56,6 +57,21 @@ def _build(args, *, default_pretrained: bool = True):
                   f"pass --checkpoint FILE for trained ones)", file=sys.stderr)
     return create_model(args.name, pretrained=pretrained, num_classes=args.num_classes,
                         checkpoint=args.checkpoint, **kwargs)
+
+
+def _is_detector(name: str) -> bool:
+    from ..detection.train import is_detector
+
+    return is_detector(name)
+
+
+def _detector_outputs(model) -> list[str] | None:
+    """The output names of a zoo detector (RetinaNet: 2, FCOS: 3), None for a classifier."""
+    from ..detection.fpn import DenseDetector
+
+    if not isinstance(model, DenseDetector):
+        return None
+    return ["cls_logits", "boxes", "centerness"][:len(model.output_widths)]
 
 
 def cmd_list(args) -> int:
@@ -132,23 +148,34 @@ def cmd_export(args) -> int:
     _, h, w = model.zoo_config.input_size
     if args.image_size:
         h = w = args.image_size
+    outputs = _detector_outputs(model)
+    if outputs is not None:  # its raw head rows, at the size its priors are built for
+        if args.image_size and (args.image_size, args.image_size) != tuple(model.image_size):
+            raise NpuforgeError(f"--image-size {args.image_size}: {args.name} is a detector trained at "
+                                f"{model.image_size[0]}x{model.image_size[1]} (its priors); leave --image-size out")
+        h, w = model.image_size
     gen = torch.Generator().manual_seed(0)
     example = torch.randn(1, 3, h, w, generator=gen)
     check = torch.randn(2, 3, h, w, generator=gen)  # batch 2: also exercises the dynamic batch axis
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        export_onnx(model, example, tmp, opset=args.opset)
+        if outputs is None:
+            export_onnx(model, example, tmp, opset=args.opset)
+        else:
+            export_onnx(model, example, tmp, opset=args.opset, input_names=("images",), output_names=outputs)
+            _record_detector(tmp, model, args.name)
         with torch.no_grad():
-            ref = model(check).numpy()
+            refs = model(check)
+            refs = [t.numpy() for t in refs] if outputs is not None else [refs.numpy()]
         try:
             sess = ort.InferenceSession(tmp, providers=["CPUExecutionProvider"])
-            got = sess.run(None, {sess.get_inputs()[0].name: check.numpy()})[0]
+            gots = sess.run(None, {sess.get_inputs()[0].name: check.numpy()})
         except Exception as e:  # ORT raises its own exception types
             raise NpuforgeError(f"{args.name}: ONNX Runtime cannot run the exported model ({str(e)[:200]}); "
                                 f"nothing written to {out}") from None
-        diff = float(np.abs(got - ref).max())
-        tol = 1e-3 * max(1.0, float(np.abs(ref).max()))
+        diff = max(float(np.abs(got - ref).max()) for got, ref in zip(gots, refs))
+        tol = 1e-3 * max(1.0, max(float(np.abs(ref).max()) for ref in refs))
         if not np.isfinite(diff) or diff > tol:
             raise NpuforgeError(f"{args.name}: ONNX Runtime output differs from PyTorch by {diff:.3g} "
                                 f"(> {tol:.3g}); nothing written to {out}")
@@ -156,9 +183,33 @@ def cmd_export(args) -> int:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    print(f"wrote {out} ({args.name}, input [N, 3, {h}, {w}], dynamic batch, opset {args.opset}); "
+    rows = f"; outputs {', '.join(outputs)} (raw head rows)" if outputs is not None else ""
+    print(f"wrote {out} ({args.name}, input [N, 3, {h}, {w}], dynamic batch, opset {args.opset}{rows}); "
           f"ONNX Runtime vs PyTorch max abs diff {diff:.3g}")
     return 0
+
+
+def _record_detector(path, model, name: str) -> None:
+    """Write the detector's record (classes, input size, preprocessing, outputs) into the ONNX file's
+    ``npuforge`` metadata, which npuforge's importer reads into the graph's metadata."""
+    import onnx
+
+    from ..workflow import preprocess_of
+
+    h, w = model.image_size
+    preprocess = getattr(model, "run_preprocess", None) or {**preprocess_of(model.zoo_config),
+                                                             "crop_size": [h, w], "resize_size": h, "fit": "resize"}
+    table = getattr(model, "run_classes", None)
+    classes = list(table.names) if table is not None else [str(k) for k in range(model.num_classes)]
+    proto = onnx.load(path)
+    record = {"preprocess": preprocess,
+              "dense_detector": {"model": model.zoo_name, "source": name, "classes": classes,
+                                 "category_ids": getattr(model, "run_category_ids", None),
+                                 "input_size": [h, w], "outputs": ["cls_logits", "boxes", "centerness"][
+                                     :len(model.output_widths)]}}
+    del proto.metadata_props[:]
+    proto.metadata_props.add(key="npuforge", value=json.dumps(record))
+    onnx.save(proto, path)
 
 
 def cmd_predict(args) -> int:
