@@ -27,11 +27,14 @@ def preprocess_of(config) -> dict:
 
 
 def transform_of(preprocess: dict):
-    from .zoo.transforms import EvalTransform, LetterboxTransform
+    from .zoo.transforms import EvalTransform, LetterboxTransform, ResizeTransform
 
     if preprocess.get("fit") == "letterbox":
         return LetterboxTransform(preprocess["crop_size"][0], preprocess["interpolation"], preprocess["mean"],
                                   preprocess["std"])
+    if preprocess.get("fit") == "resize":
+        return ResizeTransform(preprocess["crop_size"], preprocess["interpolation"], preprocess["mean"],
+                               preprocess["std"])
     return EvalTransform(preprocess["resize_size"], tuple(preprocess["crop_size"]), preprocess["interpolation"],
                          preprocess["mean"], preprocess["std"])
 
@@ -68,7 +71,9 @@ def run_graph(state: dict, path):
     model, classes, preprocess = model_from(state)
     size = preprocess["crop_size"]
     buffer = io.BytesIO()
-    export_onnx(model, torch.zeros(1, 3, *size), buffer, input_names=("input",), output_names=("logits",))
+    # a zoo detector's run exports its head rows (cls_logits, boxes[, centerness]), a classifier's its logits
+    outputs = tuple(getattr(model, "output_names", ("logits",)))
+    export_onnx(model, torch.zeros(1, 3, *size), buffer, input_names=("input",), output_names=outputs)
     graph = import_onnx(onnx.load_from_string(buffer.getvalue()), name=Path(path).stem)
     table = class_table_of(state, path)
     graph.metadata["preprocess"] = {**preprocess, "source": f"run:{path}"}

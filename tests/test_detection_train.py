@@ -210,6 +210,22 @@ def test_run_checkpoint_exports_the_raw_head_at_its_size(tmp_path, trained, caps
     assert rc == 2 and "trained at 64x64" in err and err.count("\n") == 1
 
 
+def test_run_checkpoint_resolves_to_its_head_rows_and_resize_preprocessing(trained, dataset):
+    """A detector run as MODEL (quantize, eval): the head rows exported by name, and its images
+    resized as training resized them, not the classifiers' short-side resize and centre crop."""
+    from npuforge.workflow import resolve_model, transform_of
+
+    cfg, _ = trained
+    graph = resolve_model(str(Path(cfg.output) / "best.pt"))
+    assert graph.outputs == ["cls_logits", "boxes"] and graph.metadata["preprocess"]["fit"] == "resize"
+    from npuforge.zoo.transforms import normalize
+
+    pp = graph.metadata["preprocess"]
+    image = Image.open(next((dataset / "images").iterdir())).convert("RGB").resize((80, 64))
+    expected = normalize(np.asarray(image.resize((64, 64), Image.BILINEAR)), pp["mean"], pp["std"])
+    assert np.array_equal(transform_of(pp)(image), expected)  # all of the 80 x 64 image, squeezed
+
+
 # ---------------------------------------------------------------- the command
 
 

@@ -203,6 +203,11 @@ class DenseDetector(nn.Module):
     num_anchors = 1
     output_widths: tuple = ()
 
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """The names of ``forward``'s outputs in an exported graph (RetinaNet: 2, FCOS: 3)."""
+        return ("cls_logits", "boxes", "centerness")[:len(self.output_widths)]
+
     def __init__(self, num_classes: int, image_size, fpn_channels: int, num_convs: int, centerness: bool = False):
         super().__init__()
         if not isinstance(num_classes, int) or num_classes < 1:

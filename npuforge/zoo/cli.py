@@ -69,9 +69,7 @@ def _detector_outputs(model) -> list[str] | None:
     """The output names of a zoo detector (RetinaNet: 2, FCOS: 3), None for a classifier."""
     from ..detection.fpn import DenseDetector
 
-    if not isinstance(model, DenseDetector):
-        return None
-    return ["cls_logits", "boxes", "centerness"][:len(model.output_widths)]
+    return list(model.output_names) if isinstance(model, DenseDetector) else None
 
 
 def cmd_list(args) -> int:
@@ -205,8 +203,7 @@ def _record_detector(path, model, name: str) -> None:
     record = {"preprocess": preprocess,
               "dense_detector": {"model": model.zoo_name, "source": name, "classes": classes,
                                  "category_ids": getattr(model, "run_category_ids", None),
-                                 "input_size": [h, w], "outputs": ["cls_logits", "boxes", "centerness"][
-                                     :len(model.output_widths)]}}
+                                 "input_size": [h, w], "outputs": list(model.output_names)}}
     del proto.metadata_props[:]
     proto.metadata_props.add(key="npuforge", value=json.dumps(record))
     onnx.save(proto, path)

@@ -91,6 +91,22 @@ class LetterboxTransform:
         return f"LetterboxTransform({self.size} {self.interpolation}, mean {self.mean}, std {self.std})"
 
 
+class ResizeTransform:
+    """PIL image -> float32 CHW: a plain resize to (height, width), aspect ratio not kept, then
+    ``(x - mean) / std`` (a preprocessing record with ``"fit": "resize"``: the zoo detectors train
+    on images resized so, their boxes scaled with them)."""
+
+    def __init__(self, size: tuple[int, int], interpolation: str, mean, std):
+        self.size, self.interpolation, self.mean, self.std = tuple(size), interpolation, tuple(mean), tuple(std)
+
+    def __call__(self, img: Image.Image) -> np.ndarray:
+        h, w = self.size
+        return normalize(np.asarray(img.resize((w, h), _RESAMPLE[self.interpolation])), self.mean, self.std)
+
+    def __repr__(self) -> str:
+        return f"ResizeTransform({self.size[0]}x{self.size[1]} {self.interpolation}, mean {self.mean}, std {self.std})"
+
+
 def eval_transform(config, image_size: int | tuple[int, int] | None = None) -> EvalTransform:
     """The evaluation preprocessing of a :class:`PretrainedConfig` (optionally at another crop size)."""
     crop = config.crop_size
