@@ -21,6 +21,8 @@ from npuforge.detection.retinanet import BACKGROUND, IGNORED
 from npuforge.errors import NpuforgeError
 from npuforge.zoo import create_model, get_config, list_models
 
+pytestmark = pytest.mark.slow  # detector models: run once by `make test`, not on every kernel set (CI time)
+
 RETINANET, FCOS = "retinanet_mobilenet_v2_fpn", "fcos_mobilenet_v2_fpn"
 SMALL = {"fpn_channels": 32, "num_convs": 2}
 

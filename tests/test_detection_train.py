@@ -23,6 +23,8 @@ from npuforge.train.loop import train_with
 
 from test_train import _weights, quiet, run_cli, torchrun
 
+pytestmark = pytest.mark.slow  # detector training: run once by `make test`, not on every kernel set (CI time)
+
 RETINANET, FCOS = "retinanet_mobilenet_v2_fpn", "fcos_mobilenet_v2_fpn"
 TINY = {"fpn_channels": 16, "num_convs": 1}
 COLOURS = {1: (230, 40, 40), 2: (40, 60, 230)}  # category id -> colour: "red", "blue"
@@ -272,6 +274,7 @@ def test_help_names_the_detection_options(capsys):
 EVAL_SCRIPT = """
 import json, sys
 from npuforge.detection.train import DetectionConfig, DetectionTrainer
+
 cfg = DetectionConfig(**json.loads(sys.argv[1]))
 t = DetectionTrainer(cfg, log=lambda m: None, progress=False)
 t.build()  # resume: the trained run's weights
