@@ -25,10 +25,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
 
 from ..errors import NpuforgeError
-from ..train.data import rng_for
+from ..train.data import open_rgb, rng_for
 from ..train.loop import TrainConfig, Trainer
 from ..zoo.transforms import _RESAMPLE, normalize
 
@@ -128,11 +127,8 @@ class DetectionSampleSet(torch.utils.data.Dataset):
         h, w = self.size
         sx, sy = w / width, h / height
         target = {"image_id": image_id, "scale": (width / w, height / h)}  # input pixels -> the image's
-        try:
-            with Image.open(path) as img:
-                img.load()
-                img = img.convert("RGB")
-        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+        img = open_rgb(path)
+        if img is None:
             return None, target, i
         arr = np.asarray(img.resize((w, h), _RESAMPLE[self.interpolation]))
         boxes = np.asarray(boxes, np.float32).reshape(-1, 4) * np.asarray([sx, sy, sx, sy], np.float32)

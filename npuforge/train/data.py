@@ -59,6 +59,16 @@ class TrainTransform:
         return normalize(np.ascontiguousarray(arr), self.mean, self.std)
 
 
+def open_rgb(path):
+    """The image at ``path`` as RGB, or None when it cannot be read (the loaders skip and count it)."""
+    try:
+        with Image.open(path) as img:
+            img.load()
+            return img.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+        return None
+
+
 class SampleSet(torch.utils.data.Dataset):
     """``dataset[(epoch, i)]`` -> (CHW float32 or None for an unreadable image, label, i).
 
@@ -73,11 +83,8 @@ class SampleSet(torch.utils.data.Dataset):
     def __getitem__(self, key):
         epoch, i = key
         path, label = self.samples[i]
-        try:
-            with Image.open(path) as img:
-                img.load()
-                img = img.convert("RGB")
-        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+        img = open_rgb(path)
+        if img is None:
             return None, label, i
         x = self.transform(img, rng_for(self.seed, 1, epoch, i)) if self.train else self.transform(img)
         return x, label, i
