@@ -89,6 +89,8 @@ def main() -> int:
                     help="start fine-tuning from the linear probe (default: yes)")
     ap.add_argument("--freeze-bn", action=argparse.BooleanOptionalAction, default=True,
                     help="BatchNorm keeps its pretrained statistics while fine-tuning (default: yes)")
+    ap.add_argument("--trainable-layers", type=int, default=0,
+                    help="train only the last K convolution / linear layers (default 0: all)")
     ap.add_argument("--val-split", type=float, default=0.0,
                     help="part of the training photos zoo train holds out to pick the best epoch (default 0: "
                          "none, it trains on the probe's photos and keeps the last epoch)")
@@ -118,7 +120,7 @@ def main() -> int:
                           weight_decay=args.weight_decay, warmup_epochs=args.warmup_epochs, seed=args.seed,
                           workers=2, val_split=args.val_split, probe_init=args.probe_init, crop_scale=args.crop_scale,
                           freeze_bn=args.freeze_bn, label_smoothing=args.label_smoothing,
-                          clip_grad=args.clip_grad)
+                          clip_grad=args.clip_grad, trainable_layers=args.trainable_layers)
         result = train(cfg, log=lambda m: print(f"  {m}", flush=True), progress=False)
         rows.append({"model": name, "finetune_top1": test_top1(work / name, test_set, args.seed), **baseline,
                      "best_val": result["best_top1"], "train_s": time.perf_counter() - t, "probe_s": probe_s})

@@ -248,3 +248,19 @@ def test_freeze_bn_keeps_the_statistics_and_val_split_0_trains_on_everything(tmp
     train(config(tmp_path / "b", folder, epochs=1, val_split=0.0), log=quiet, progress=False)
     unfrozen = torch.load(tmp_path / "b" / "run" / "best.pt", weights_only=True)["model"]
     assert all(not torch.equal(unfrozen[k], torch.zeros_like(unfrozen[k])) for k in means)  # updated without it
+
+
+def test_trainable_layers_leaves_the_earlier_layers_and_their_statistics_as_they_were(tmp_path, folder):
+    """--trainable-layers 2 on MobileNetV2: the last 1x1 convolution, its BatchNorm and the
+    classifier change; every earlier tensor, running statistics included, is the start's."""
+    result = train(config(tmp_path, folder, epochs=1, val_split=0.0, trainable_layers=2), log=quiet, progress=False)
+    assert result["history"][0]["train_loss"] > 0
+    from npuforge.zoo import create_model
+    torch.manual_seed(0)  # the loop seeds before it builds the model: the same random start
+    start = create_model("mobilenet_v2", pretrained=False, num_classes=3).state_dict()
+    end = torch.load(tmp_path / "run" / "last.pt", weights_only=True)["model"]
+    learnt = {k for k in end if not torch.equal(end[k], start[k])}
+    assert learnt and all(k.startswith(("features.18.", "classifier.")) for k in learnt), sorted(learnt)[:5]
+    assert {"features.18.0.weight", "features.18.1.running_mean", "classifier.1.weight"} <= learnt
+    with pytest.raises(NpuforgeError, match="--trainable-layers 54: mobilenet_v2 has 53 convolution"):
+        train(config(tmp_path / "b", folder, trainable_layers=54), log=quiet, progress=False)

@@ -309,7 +309,8 @@ def config_from_args(args, pretrained: bool) -> DetectionConfig:
     """``npuforge zoo train DETECTOR ...``'s configuration; classification options refused."""
     for flag, value in (("--crop-scale", args.crop_scale), ("--label-smoothing", args.label_smoothing),
                         ("--mixup", args.mixup or None), ("--cutmix", args.cutmix or None),
-                        ("--probe-init", args.probe_init or None)):
+                        ("--probe-init", args.probe_init or None),
+                        ("--trainable-layers", args.trainable_layers or None)):
         if value is not None:
             raise NpuforgeError(f"{flag}: a classification option; {args.name} is a detector (focal loss on boxes, "
                                 f"random flips), leave it out")

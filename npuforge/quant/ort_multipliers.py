@@ -45,7 +45,7 @@ import torch
 
 from ..sim.int_ops import requantize_fixedpoint
 from ..sim.lowering_base import channel_ranges
-from ..sim.monotone_fit import Formula, float32_nudged, thresholds, verify
+from ..sim.monotone_fit import Formula, exact_steps, float32_nudged, verify
 
 NUDGES = tuple(sorted(range(-64, 65), key=abs))  # float32 scales tried, in ulps from float32(m)
 M_MAX = 2**31 - 1
@@ -141,12 +141,10 @@ def match_node(sim, node) -> tuple[np.ndarray, np.ndarray] | None:
 
 def _try_scale(m, e, a, b, lo, hi, ulps: int, shared: bool) -> tuple[np.ndarray, np.ndarray]:
     """(proven, multipliers) for these channels with the float32 scale ``ulps`` from float32(m)."""
-    steps = int(np.max(hi - lo, initial=0))
-    levels = lo[:, None] + 1 + np.arange(steps)[None, :]
-    valid = levels <= hi[:, None]
     formula = Formula(float32_nudged(m * 2.0 ** (-31 - e), ulps), rnd="round")
     ort = lambda acc: formula.evaluate(acc, lo[:, None], hi[:, None])  # noqa: E731
-    t = thresholds(ort, a, b, levels, np.where(valid, formula.steps(levels), b[:, None] + 1))
+    levels, t = exact_steps(ort, formula, a, b, lo, hi)
+    valid = levels <= hi[:, None]
     lower, upper = multiplier_interval(t, levels, a, b, e, valid)
     if shared:
         lower, upper = np.full(len(m), lower.max()), np.full(len(m), upper.min())
@@ -156,8 +154,9 @@ def _try_scale(m, e, a, b, lo, hi, ulps: int, shared: bool) -> tuple[np.ndarray,
     ok = lower <= upper
     k = np.flatnonzero(ok)  # the proof, where there is something to prove
     if k.size:
-        ok[k] = verify(fixedpoint_rule(pick[k], e[k], lo[k], hi[k]), Formula(formula.r[k], rnd="round"),
-                       a[k], b[k], lo[k], hi[k])
+        rule = fixedpoint_rule(pick[k], e[k], lo[k], hi[k])  # its steps, if proven, are ONNX Runtime's: the guess
+        ok[k] = verify(rule, Formula(formula.r[k], rnd="round"), a[k], b[k], lo[k], hi[k],
+                       exact_steps(rule, t[k], a[k], b[k], lo[k], hi[k]))
     return ok, pick
 
 

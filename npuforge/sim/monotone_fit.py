@@ -122,14 +122,25 @@ def thresholds(exact, a: np.ndarray, b: np.ndarray, levels: np.ndarray, guess: n
         lo = np.where(open_ & ~ge, mid + 1, lo)
 
 
-def verify(exact, formula: Formula, a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Per channel: does ``formula`` equal ``exact`` on every integer of [a_c, b_c]?
-
-    a, b, lo, hi: int64 arrays [C] (lo, hi: the clamp range of the outputs)."""
+def exact_steps(exact, guide, a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray):
+    """(levels [C, J], T [C, J]): every level in (lo_c, hi_c] and the first acc in [a_c, b_c]
+    where ``exact`` reaches it (:func:`thresholds`). ``guide`` makes the first guess: a
+    Formula (where it steps up) or the thresholds [C, J] of a function expected to equal
+    ``exact``. T belongs to ``exact`` alone, so one search serves every candidate formula."""
     steps = int(np.max(hi - lo, initial=0))
     levels = lo[:, None] + 1 + np.arange(steps)[None, :]  # [C, J]; levels above hi_c are never reached
-    guess = np.where(levels > hi[:, None], b[:, None] + 1, formula.steps(levels))  # above hi_c: never
-    t = thresholds(exact, a, b, levels, guess)
+    guess = guide.steps(levels) if isinstance(guide, Formula) else guide
+    guess = np.where(levels > hi[:, None], b[:, None] + 1, guess)  # above hi_c: never
+    return levels, thresholds(exact, a, b, levels, guess)
+
+
+def verify(exact, formula: Formula, a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+           steps: tuple | None = None) -> np.ndarray:
+    """Per channel: does ``formula`` equal ``exact`` on every integer of [a_c, b_c]?
+
+    a, b, lo, hi: int64 arrays [C] (lo, hi: the clamp range of the outputs); ``steps``:
+    :func:`exact_steps` of the same (exact, a, b, lo, hi), when the caller has it."""
+    levels, t = steps if steps is not None else exact_steps(exact, formula, a, b, lo, hi)
     lo_, hi_ = lo[:, None], hi[:, None]
     at = formula.evaluate(np.minimum(t, b[:, None]), lo_, hi_)
     before = formula.evaluate(np.maximum(t - 1, a[:, None]), lo_, hi_)
@@ -152,9 +163,9 @@ def fit_channels(exact, candidates, a, b, lo, hi) -> tuple[Formula | None, np.nd
     todo = np.ones(a.shape, bool)
     if int(np.max(hi - lo, initial=0)) > MAX_LEVELS:
         return None, ~todo
-    chosen = None
+    chosen, steps = None, exact_steps(exact, candidates[0], a, b, lo, hi) if candidates else None
     for formula in candidates:
-        ok = verify(exact, formula, a, b, lo, hi)
+        ok = verify(exact, formula, a, b, lo, hi, steps)
         good = ok & todo
         chosen = formula if chosen is None else chosen.take(formula, good)
         todo &= ~ok

@@ -79,6 +79,10 @@ def add_train_parser(sub) -> None:
     p.add_argument("--freeze-bn", action="store_true",
                    help="BatchNorm keeps its pretrained running statistics (eval mode) while its scale and shift "
                         "train: steadier fine-tuning on a few hundred images or small batches")
+    p.add_argument("--trainable-layers", type=positive_int, default=0, metavar="K",
+                   help="train only the last K convolution / linear layers (with the normalizations after them); "
+                        "the earlier ones keep their pretrained weights and statistics: fewer free parameters for "
+                        "fine-tuning on a few hundred images, and a cheaper backward pass (default: train all)")
     p.add_argument("--sync-bn", action="store_true", help="synchronized BatchNorm across processes")
     p.add_argument("--seed", type=int, default=0, help="every random choice follows from it (default 0)")
     p.add_argument("--workers", type=int, default=2, metavar="N", help="image decoding processes (spawned; 0: in the "
@@ -134,7 +138,8 @@ def cmd_train(args) -> int:
                       label_smoothing=args.label_smoothing, crop_scale=args.crop_scale, ema=args.ema, amp=args.amp,
                       clip_grad=args.clip_grad, mixup=args.mixup, cutmix=args.cutmix, seed=args.seed,
                       workers=args.workers, max_bad_steps=args.max_bad_steps, keep=args.keep, sync_bn=args.sync_bn,
-                      probe_init=args.probe_init, freeze_bn=args.freeze_bn, save_every=args.save_every,
+                      probe_init=args.probe_init, freeze_bn=args.freeze_bn, trainable_layers=args.trainable_layers,
+                      save_every=args.save_every,
                       resume=args.resume, image_size=args.image_size)
     result = train(cfg, log=log, progress=not args.quiet)
     if int(os.environ.get("RANK", "0")) != 0:  # under torchrun the first process reports

@@ -27,6 +27,7 @@ from ..errors import NpuforgeError
 from . import checkpoint as ckpt
 from .data import BatchPlan, SampleSet, TrainTransform, collate, eval_batches, rng_for, split_samples
 from .distributed import Distributed
+from .freezing import freeze_batchnorm, train_last_layers
 
 OPTIMIZERS = ("sgd", "adamw")
 
@@ -61,6 +62,7 @@ class TrainConfig:
     keep: int = 3  # top-k epoch checkpoints
     probe_init: bool = False  # start from a linear probe of the pretrained features
     freeze_bn: bool = False  # BatchNorm keeps its (pretrained) statistics; its scale and shift still learn
+    trainable_layers: int = 0  # only the last K convolution / linear layers learn; 0: all of them
     sync_bn: bool = False
     save_every: int = 0  # steps between mid-epoch checkpoints; 0: at epoch ends only
     resume: bool = False
@@ -74,7 +76,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise NpuforgeError(f"--{name.replace('_', '-')} {getattr(self, name)}: give a positive number")
         for name in ("weight_decay", "warmup_epochs", "ema", "clip_grad", "mixup", "cutmix", "label_smoothing",
-                     "workers", "save_every"):
+                     "workers", "save_every", "trainable_layers"):
             if getattr(self, name) < 0:
                 raise NpuforgeError(f"--{name.replace('_', '-')} {getattr(self, name)}: give a value >= 0")
         if self.ema >= 1:
@@ -159,16 +161,6 @@ class _EMA:
                 e.copy_(p)
 
 
-def freeze_batchnorm(model) -> int:
-    """BatchNorm layers to eval mode inside a training model: they normalize with their
-    running statistics and stop updating them (small-data fine-tuning, and QAT once the
-    statistics are folded); their affine parameters still train. Returns how many."""
-    layers = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
-    for m in layers:
-        m.eval()
-    return len(layers)
-
-
 def _mix(x, y, cfg: TrainConfig, epoch: int, step: int, num_classes: int):
     """Mixup / cutmix of one batch (seeded by epoch and step): inputs and soft targets."""
     target = F.one_hot(y, num_classes).to(x.dtype)
@@ -219,6 +211,12 @@ class Trainer:
                      f"statistics; their scale and shift still train)")
         if cfg.sync_bn and d.active:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        self.frozen_norms = []
+        if cfg.trainable_layers:
+            self.frozen_norms, trainable, n_weight = train_last_layers(model, cfg.trainable_layers, cfg.model)
+            total_params = sum(p.numel() for p in model.parameters())
+            self.log(f"training the last {cfg.trainable_layers} of {n_weight} convolution / linear layers: "
+                     f"{trainable:,} of {total_params:,} parameters learn")
         self.model = model
         self.net = torch.nn.parallel.DistributedDataParallel(model) if d.active else model
         global_batch = cfg.batch_size * d.world
@@ -383,6 +381,8 @@ class Trainer:
         self.net.train()
         if cfg.freeze_bn:
             freeze_batchnorm(self.net)
+        for m in self.frozen_norms:  # a frozen layer's statistics stay those of its weights
+            m.eval()
         start = self.state["step"]
         batches = list(self.plan.batches(epoch, d.rank, start))
         bar = None
