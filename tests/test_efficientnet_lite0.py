@@ -40,6 +40,7 @@ def test_export_imports_and_passes_checker(exported):
     assert graph.op_histogram()["Conv"] == 49
 
 
+@pytest.mark.slow  # 13 s of torch.export; the float comparison is one bound, not a near-tie, so once does
 def test_dynamo_export_matches_too(reference_model):
     graph = npuforge.from_torch(reference_model, torch.zeros(1, 3, 224, 224), exporter="dynamo")
     x = np.random.default_rng(0).standard_normal((2, 3, 224, 224)).astype(np.float32)
@@ -55,6 +56,9 @@ def top2_gap(logits: np.ndarray) -> np.ndarray:
     return top[:, -1] - top[:, -2]
 
 
+TORCH_IMAGES = 100
+
+
 @pytest.mark.slow
 def test_float_run_matches_onnxruntime_on_shared_sample(exported, reference_model, imagenet_sample):
     files = sample_files(imagenet_sample)
@@ -68,17 +72,18 @@ def test_float_run_matches_onnxruntime_on_shared_sample(exported, reference_mode
         batch = np.stack([load_image(f) for f in files[start:start + 50]])
         ours.append(graph.run({"input": batch})["logits"])
         theirs.append(sess.run(None, {"input": batch})[0])
-        with torch.no_grad():
-            torch_out.append(reference_model(torch.from_numpy(batch)).numpy())
+        if start < TORCH_IMAGES:  # the reference package's own run is the slowest of the three: a part does
+            with torch.no_grad():
+                torch_out.append(reference_model(torch.from_numpy(batch)).numpy())
     ours, theirs, torch_out = np.concatenate(ours), np.concatenate(theirs), np.concatenate(torch_out)
     diff_ort = float(np.abs(ours - theirs).max())
-    diff_torch = float(np.abs(ours - torch_out).max())
+    diff_torch = float(np.abs(ours[:len(torch_out)] - torch_out).max())
     scale = float(np.abs(theirs).max())
     agree = float((ours.argmax(1) == theirs.argmax(1)).mean())
     top1 = float((ours.argmax(1) == truth).mean())
     top1_ort = float((theirs.argmax(1) == truth).mean())
     print(f"\nEfficientNet-Lite0, 500 images: max |logit diff| vs ORT {diff_ort:.3g} (max |logit| {scale:.3g}), "
-          f"vs PyTorch {diff_torch:.3g}; top-1 agreement with ORT {agree:.2%}; "
+          f"vs PyTorch {diff_torch:.3g} (first {len(torch_out)}); top-1 agreement with ORT {agree:.2%}; "
           f"top-1 npuforge {top1:.1%}, ORT {top1_ort:.1%}")
     assert diff_ort <= 1e-5 * scale
     # Float kernels differ by CPU, so the two runs may rank a near-tie differently;

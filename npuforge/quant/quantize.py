@@ -16,6 +16,7 @@ policy). Shape arithmetic stays as it is.
 from __future__ import annotations
 
 import copy
+import hashlib
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -184,10 +185,26 @@ def _group_params(graph, plan: Plan, observers: dict, config: QuantConfig, int16
     return params
 
 
+# (weights' digest, dtype, shape, axis, qmax) -> the "mse" bound: the analysis's remedies and
+# the recipe searches quantize one graph's weights many times, 71 roundings of each a time
+_CLIPS: dict = {}
+_CLIPS_KEPT = 4096
+
+
 def _weight_clip(w: np.ndarray, axis: int | None, method: str, qmax: int) -> np.ndarray | None:
     """None for max |w|; for "mse" the clipping bound with the least squared rounding error."""
     if method != "mse":
         return None
+    w = np.ascontiguousarray(w)
+    key = (hashlib.blake2b(w.tobytes(), digest_size=16).digest(), w.dtype.str, w.shape, axis, qmax)
+    if key not in _CLIPS:
+        if len(_CLIPS) >= _CLIPS_KEPT:
+            _CLIPS.clear()
+        _CLIPS[key] = _mse_clip(w, axis, qmax)
+    return copy.copy(_CLIPS[key])
+
+
+def _mse_clip(w: np.ndarray, axis: int | None, qmax: int):
     wt = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1) if axis is not None else w.reshape(1, -1)
     peak = np.abs(wt).max(axis=1)
     best, best_err = peak.copy(), np.full(peak.shape, np.inf)
