@@ -228,6 +228,20 @@ def test_run_checkpoint_resolves_to_its_head_rows_and_resize_preprocessing(train
     assert np.array_equal(transform_of(pp)(image), expected)  # all of the 80 x 64 image, squeezed
 
 
+def test_quantize_takes_the_run_and_calibrates_on_its_unlabelled_images(tmp_path, trained, dataset, capsys):
+    """Calibration needs no labels: the run's own image folder (000.png, ...: no ImageNet wnid
+    names) calibrates it; the int8 graph keeps the head rows by name."""
+    import npuforge
+
+    cfg, _ = trained
+    out = tmp_path / "det.nfir"
+    rc = main(["quantize", str(Path(cfg.output) / "best.pt"), "--calib", str(dataset / "images"),
+               "--num-calib", "4", "-o", str(out), "-q"])
+    assert rc == 0, capsys.readouterr().err
+    q = npuforge.load(out)
+    assert q.outputs == ["cls_logits", "boxes"] and q.metadata["quantization"]["calibration_images"] == 4
+
+
 # ---------------------------------------------------------------- the command
 
 

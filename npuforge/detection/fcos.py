@@ -176,7 +176,7 @@ class FCOS(DenseDetector):
 @register_model("fcos_mobilenet_v2_fpn",
                 detector_config("fcos_mobilenet_v2_fpn", "FCOS, MobileNetV2 + FPN P3-P7, centre sampling, "
                                                          "160x160 (ImageNet backbone only)"),
-                head="head.cls_logits", load_pretrained=load_backbone_pretrained)
+                head="head.cls_logits", load_pretrained=load_backbone_pretrained, head_pretrained=False)
 def fcos_mobilenet_v2_fpn(num_classes: int = SYNTHETIC_CLASSES, image_size=DEFAULT_IMAGE_SIZE, fpn_channels: int = 64,
                           num_convs: int = 4, **kwargs):
     return FCOS(num_classes, image_size, fpn_channels, num_convs, **kwargs)

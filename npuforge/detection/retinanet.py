@@ -138,7 +138,7 @@ class RetinaNet(DenseDetector):
 @register_model("retinanet_mobilenet_v2_fpn",
                 detector_config("retinanet_mobilenet_v2_fpn", "RetinaNet, MobileNetV2 + FPN P3-P7, 9 anchors, "
                                                               "160x160 (ImageNet backbone only)"),
-                head="head.cls_logits", load_pretrained=load_backbone_pretrained)
+                head="head.cls_logits", load_pretrained=load_backbone_pretrained, head_pretrained=False)
 def retinanet_mobilenet_v2_fpn(num_classes: int = SYNTHETIC_CLASSES, image_size=DEFAULT_IMAGE_SIZE,
                                fpn_channels: int = 64, num_convs: int = 4, **kwargs):
     return RetinaNet(num_classes, image_size, fpn_channels, num_convs, **kwargs)

@@ -164,7 +164,8 @@ def cmd_quantize(args) -> int:
         config.int16 = list(hint)
         log(f"note: {args.model}'s box path ({len(hint)} values, from its regressor convolutions to 'boxes') is "
             f"quantized in int16, as the detector records; --int16 NAMES chooses others")
-    dataset = ImageDataset(args.calib, args.class_table)
+    # calibration needs no labels (a detector's images have none); the target-drop climb evaluates on them
+    dataset = ImageDataset(args.calib, args.class_table, labelled=args.target_drop is not None)
     if args.target_drop is not None:
         return _climb(args, graph, dataset, config, out)
     if len(dataset) < args.num_calib:

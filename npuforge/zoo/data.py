@@ -93,7 +93,8 @@ def _is_image(p: Path) -> bool:
 class ImageDataset:
     """A labelled list of image files; ``dataset[i]`` -> (PIL image or None, label, path)."""
 
-    def __init__(self, root, class_table=None, limit: int | None = None, skip: int = 0):
+    def __init__(self, root, class_table=None, limit: int | None = None, skip: int = 0, labelled: bool = True):
+        """``labelled=False`` (calibration): any file names, label -1 for a flat folder."""
         self.root = Path(root)
         if not self.root.is_dir():
             raise NpuforgeError(f"{self.root}: no such folder (--data)")
@@ -109,7 +110,9 @@ class ImageDataset:
         if class_dirs:
             self.layout = "imagefolder"
             names = [d.name for d in class_dirs]
-            if table is None and all(n in imagenet_class_table().index() for n in names):
+            if not labelled:
+                table = None
+            elif table is None and all(n in imagenet_class_table().index() for n in names):
                 table = imagenet_class_table()
             if table is not None:
                 index = table.index()
@@ -126,6 +129,9 @@ class ImageDataset:
                 labels = {n: i for i, n in enumerate(names)}
             for d in class_dirs:
                 self.samples += [(p, labels[d.name]) for p in sorted(d.iterdir()) if _is_image(p)]
+        elif files and not labelled:
+            self.layout, self.classes, self.class_table = "flat", [], None
+            self.samples = [(p, -1) for p in files]
         elif files:
             self.layout = "flat"
             table = table or imagenet_class_table()

@@ -116,19 +116,22 @@ class _Entry:
     config: PretrainedConfig
     load_pretrained: Callable | None = None  # (model, config) -> None
     head: str | None = None  # attribute path of the classifier (for head re-init)
+    head_pretrained: bool = True  # False: the weights are the backbone's only (detectors); any width loads them
     tags: tuple[str, ...] = field(default_factory=tuple)
 
 
 _REGISTRY: dict[str, _Entry] = {}
 
 
-def register_model(name: str, config: PretrainedConfig, *, head: str, load_pretrained: Callable | None = None):
-    """Decorator: register ``builder(num_classes=..., **kwargs) -> nn.Module`` under ``name``."""
+def register_model(name: str, config: PretrainedConfig, *, head: str, load_pretrained: Callable | None = None,
+                   head_pretrained: bool = True):
+    """Decorator: register ``builder(num_classes=..., **kwargs) -> nn.Module`` under ``name``.
+    ``head_pretrained=False``: ``load_pretrained`` fills the backbone only, whatever the width."""
 
     def deco(builder):
         if name in _REGISTRY:
             raise ValueError(f"model '{name}' registered twice")
-        _REGISTRY[name] = _Entry(name, builder, config, load_pretrained, head)
+        _REGISTRY[name] = _Entry(name, builder, config, load_pretrained, head, head_pretrained)
         return builder
 
     return deco
@@ -205,7 +208,7 @@ def create_model(name: str, pretrained: bool = False, num_classes: int | None = 
             with_weights = ", ".join(list_models(pretrained=True))
             raise NpuforgeError(f"model '{name}' has no pretrained weights; use pretrained=False "
                                 f"(--no-pretrained) or one of: {with_weights}")
-        if want != config.num_classes:
+        if want != config.num_classes and entry.head_pretrained:
             head = _get_attr_path(model, entry.head)
             saved = {k: v.clone() for k, v in head.state_dict().items()}
             # build a stand-in with the original width so the loader stays strict
