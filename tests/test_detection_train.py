@@ -240,6 +240,22 @@ def test_quantize_takes_the_run_and_calibrates_on_its_unlabelled_images(tmp_path
     assert rc == 0, capsys.readouterr().err
     q = npuforge.load(out)
     assert q.outputs == ["cls_logits", "boxes"] and q.metadata["quantization"]["calibration_images"] == 4
+    # the QDQ file beside it runs in ONNX Runtime (fusions off: its float arithmetic) as fake-quant does
+    # (measured: cls_logits equal, boxes one step apart at most)
+    import onnxruntime as ort
+
+    from npuforge.sim.fake_quant import run_fake_quant
+    from npuforge.workflow import transform_of
+
+    x = np.stack([transform_of(q.metadata["preprocess"])(Image.open(p).convert("RGB"))
+                  for p in sorted((dataset / "images").iterdir())[:2]])
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(str(out.with_suffix(".onnx")), options, providers=["CPUExecutionProvider"])
+    fake = run_fake_quant(q, {q.inputs[0]: x})
+    for name, got in zip(q.outputs, sess.run(q.outputs, {q.inputs[0]: x})):
+        step = float(np.max(q.values[name].quant.scale))
+        assert got.shape == fake[name].shape and np.abs(got - fake[name]).max() <= 2 * step, name
 
 
 # ---------------------------------------------------------------- the command
