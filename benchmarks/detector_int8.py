@@ -1,8 +1,9 @@
-"""A trained zoo detector (RetinaNet or FCOS) in int8 with float post-processing: COCO mAP
-of FP32, fake-quant and the integer simulator, per tensor and per channel, in one run.
+"""A trained zoo detector (RetinaNet or FCOS) in int8: COCO mAP of FP32, fake-quant and the
+integer simulator, per tensor and per channel, in one run; with float post-processing, or
+(``--end-to-end``) with decoding, scores and NMS in the graph, quantized and simulated too.
 
     .venv/bin/python benchmarks/detector_int8.py RUN_DIR/best.pt --data DIR --annotations COCO.json \\
-        [--num-calib 64] [--eval 100]
+        [--num-calib 64] [--eval 100] [--end-to-end]
 
 The run checkpoint (``npuforge zoo train DETECTOR --annotations ...``) is exported to ONNX
 (its raw head rows, at the run's input size) and imported; ``npuforge.quantize`` quantizes
@@ -12,7 +13,9 @@ another ``--seed``). Each engine's head rows go through the model's own decode a
 class-wise NMS (``model.detect``, the run's thresholds): the int8 network with float
 post-processing. Reported: mAP@[.5:.95] and mAP@0.5 (pycocotools), and the share of images
 on which the integer simulator keeps fake-quant's boxes scoring --agree-threshold or more
-(same count and labels, IoU >= 0.99 each).
+(same count and labels, IoU >= 0.99 each). ``--end-to-end`` appends the post-processing
+(:mod:`npuforge.detection.postprocess`) and quantizes its box path in int16, as the graph
+records; the integer simulator then runs NMS on codes too.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import npuforge  # noqa: E402
 from npuforge.detection.boxes import box_iou  # noqa: E402
 from npuforge.detection.coco import load_coco  # noqa: E402
 from npuforge.detection.metric import coco_map  # noqa: E402
+from npuforge.detection.postprocess import detections, postprocess_graph  # noqa: E402
 from npuforge.detection.train import DetectionSampleSet  # noqa: E402
 from npuforge.frontend.torch_frontend import export_onnx  # noqa: E402
 from npuforge.sim.fake_quant import run_fake_quant  # noqa: E402
@@ -58,6 +62,8 @@ def main() -> int:
     ap.add_argument("--granularity", default="per-tensor,per-channel")
     ap.add_argument("--agree-threshold", type=float, default=0.3,
                     help="compare the integer simulator's and fake-quant's detections above this score (default 0.3)")
+    ap.add_argument("--end-to-end", action="store_true",
+                    help="decoding, scores and NMS in the graph (int16 box path) instead of float post-processing")
     args = ap.parse_args()
 
     state = load_run(args.checkpoint)
@@ -76,17 +82,24 @@ def main() -> int:
     subset = replace(ds, raw={**ds.raw, "images": [im for im in ds.raw["images"] if im["id"] in wanted],
                               "annotations": [a for a in ds.raw["annotations"] if a["image_id"] in wanted]})
     work = Path(tempfile.mkdtemp(prefix="npuforge-det-int8-"))
-    names = [f"out{k}" for k in range(len(model.output_widths))]
-    export_onnx(model, torch.from_numpy(calib[0]), work / "det.onnx", output_names=names)
+    export_onnx(model, torch.from_numpy(calib[0]), work / "det.onnx", output_names=list(model.output_names))
     graph = npuforge.load(work / "det.onnx")
+    int16 = []
+    if args.end_to_end:
+        postprocess_graph(graph, model, **thresholds)
+        int16 = graph.metadata["detector"]["int16"]
 
     def evaluate(run) -> tuple[dict, dict]:
         found, kept = {}, {}
         for k in evaluated:
             x, target, _ = images[(0, k)]
             out = run({graph.inputs[0]: x[None]})
-            rows = tuple(torch.from_numpy(np.asarray(out[n], np.float32)) for n in graph.outputs)
-            boxes, scores, labels = model.detect(rows, image_size=size, **thresholds)[0]
+            if args.end_to_end:
+                boxes, scores, labels = (torch.from_numpy(np.asarray(t)) for t in detections(
+                    out, graph.metadata["detector"]["kind"], size, thresholds["max_detections"])[0])
+            else:
+                rows = tuple(torch.from_numpy(np.asarray(out[n], np.float32)) for n in graph.outputs)
+                boxes, scores, labels = model.detect(rows, image_size=size, **thresholds)[0]
             kept[k] = (boxes, scores, labels)
             sx, sy = target["scale"]
             found[samples[k][3]] = ((boxes * torch.tensor([sx, sy, sx, sy])).numpy(), scores.numpy(),
@@ -99,7 +112,7 @@ def main() -> int:
     rows.append(("FP32 (npuforge float)", fp32, None, time.perf_counter() - t))
     for granularity in args.granularity.split(","):
         t = time.perf_counter()
-        q = npuforge.quantize(graph, calib, {"granularity": granularity})
+        q = npuforge.quantize(graph, calib, {"granularity": granularity, "int16": int16})
         qs = time.perf_counter() - t
         fake, fake_kept = evaluate(lambda feeds: run_fake_quant(q, feeds))
         sim = IntegerSimulator(q)
@@ -108,7 +121,8 @@ def main() -> int:
         rows.append((f"int8 {granularity}, fake-quant", fake, None, qs))
         rows.append((f"int8 {granularity}, integer simulator", integer, same, time.perf_counter() - t))
     print(f"{state['model_name']}: {len(evaluated)} evaluation images, {args.num_calib} calibration, "
-          f"input {size[0]}x{size[1]}, float post-processing ({thresholds})")
+          f"input {size[0]}x{size[1]}, {'post-processing in the graph' if args.end_to_end else 'float post-processing'}"
+          f" ({thresholds})")
     print(f"| engine | mAP@[.5:.95] | mAP@0.5 | integer = fake-quant (scores >= {args.agree_threshold:g}) | s |")
     print("|---|---:|---:|---:|---:|")
     for name, m, same, s in rows:

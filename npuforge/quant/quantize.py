@@ -48,6 +48,7 @@ class Plan:
     constants: set = field(default_factory=set)  # constant operands quantized from their data
     parent: dict = field(default_factory=dict)  # union-find over values sharing parameters
     kept_float: list = field(default_factory=list)  # (node, reason)
+    copies: dict = field(default_factory=dict)  # a shared constant's copy -> the constant (unshare_constants)
 
     def find(self, v: str) -> str:
         while self.parent.get(v, v) != v:
@@ -71,13 +72,13 @@ def _is_float(graph, name: str) -> bool:
     return bool(name) and graph.values[name].dtype in dtypes.FLOAT_DTYPES
 
 
-def unshare_constants(graph) -> int:
+def unshare_constants(graph) -> dict:
     """Give every node its own copy of each float constant that several nodes read, in
-    place; -> how many copies were made. Parameters live on values, and one constant
+    place; -> {copy: the constant it copies}. Parameters live on values, and one constant
     may play different parts (an all-zero array the exporter or ``cse`` merged is
     three Convs' biases, each with its own per-channel int32 scale, and an Add's
     operand): each reader then carries the parameters its own rule needs."""
-    copies = 0
+    copies = {}
     readers: dict[str, list] = {}
     for node in graph.nodes:
         for name in dict.fromkeys(i for i in node.inputs if i):  # a node reading it twice keeps one
@@ -90,15 +91,14 @@ def unshare_constants(graph) -> int:
             copy_name = graph.unique_name(f"{name}::{node.name}")
             graph.add_const(copy_name, v.data)
             node.inputs = [copy_name if i == name else i for i in node.inputs]
-            copies += 1
+            copies[copy_name] = name
     return copies
 
 
 def make_plan(graph, config: QuantConfig) -> Plan:
     """Each node's quantization kind and the values to calibrate and quantize (sharing
     groups by the ops' rules); shared float constants are unshared first."""
-    unshare_constants(graph)
-    plan = Plan()
+    plan = Plan(copies=unshare_constants(graph))
     keep = set(config.keep_float)
     for option, names in (("keep_float", keep), ("per_channel", set(config.per_channel))):
         unknown = names - {n.name for n in graph.nodes}
@@ -375,6 +375,7 @@ def apply_parameters(graph, plan: Plan, observers: dict, config: QuantConfig, lo
     for m in wide:
         log(m.message("quantized in int16 (concat_range_ratio=0 keeps 8 bits)"))
     int16 = set(config.int16) | {m.node for m in wide}
+    int16 |= {c for c, original in plan.copies.items() if original in int16}  # a named constant's copies too
     for name, p in _group_params(graph, plan, observers, config, int16).items():
         graph.values[name].quant = p
     if config.tflite_multipliers:
