@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import npuforge
-from npuforge.detection.boxes import box_iou, nms
+from npuforge.detection.boxes import nms
 from npuforge.detection.postprocess import detections, postprocess_graph
 from npuforge.errors import NpuforgeError
 from npuforge.export.onnx_export import to_onnx
