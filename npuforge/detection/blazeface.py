@@ -134,16 +134,9 @@ def box_path(g, regress: str) -> list[str]:
     """The values from the regressor convolutions to ``boxes``: what needs 16 bits in a quantized
     detector. The regressors of anchors far from any face reach 1,585 input pixels on a 128-pixel
     input (short range, over the shared photos), so on one 8-bit grid a code is 8 pixels."""
-    producers = g.producers()
-    path, todo = [], [regress]
-    while todo:
-        v = todo.pop()
-        node = producers.get(v)
-        if node is None or v in path:
-            continue
-        path.append(v)
-        if node.op in ("Concat", "Reshape", "Transpose"):  # back through the head's plumbing to its convs
-            todo += [i for i in node.inputs if i in producers]
+    from .postprocess import head_path
+
+    path = head_path(g, regress)
     decode = [o for n in g.nodes if n.name.startswith("detect/") for o in n.outputs
               if o in ("boxes",) or o.startswith(("detect/slice", "detect/mul"))]
     return path + decode
