@@ -61,7 +61,9 @@ def zoo_graph(name: str, log=None):
 
 def run_graph(state: dict, path):
     """A training run's checkpoint (``npuforge zoo train``, read from ``path``) exported and
-    imported, with its preprocessing and class table."""
+    imported, with its preprocessing and class table; a detector's with its decoding, scores
+    and NMS appended (:func:`npuforge.detection.postprocess.postprocess_graph`: one graph, its
+    box path recorded for int16)."""
     import onnx
     import torch
 
@@ -78,6 +80,11 @@ def run_graph(state: dict, path):
     table = class_table_of(state, path)
     graph.metadata["preprocess"] = {**preprocess, "source": f"run:{path}"}
     graph.metadata["class_table"] = {"wnids": list(table.wnids), "names": list(table.names)}
+    if state.get("task") == "detection":
+        from .detection.postprocess import postprocess_graph
+
+        postprocess_graph(graph, model, **state["detect"])
+        graph.metadata["detector"].update(classes=list(classes), category_ids=list(state["category_ids"]))
     return graph
 
 

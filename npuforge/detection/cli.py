@@ -51,13 +51,16 @@ def add_detect_parser(sub) -> None:
     from .blazeface import DETECTORS
 
     p = sub.add_parser(
-        "detect", help="detect faces with BlazeFace (float, fake-quant or integer) and draw the boxes",
-        description="Run a detector graph (network, box decoding, score sigmoid and non-maximum suppression "
-                    "in one IR) on images: each image is letterboxed into the detector's square input, the "
-                    "kept boxes are mapped back to image pixels, printed, and drawn with -o. MODEL is a "
-                    f"BlazeFace detector ({', '.join(DETECTORS)}) or a saved detector IR, float or quantized "
-                    "(npuforge quantize face_detection_full_range --calib DIR -o bf.nfir).")
-    p.add_argument("model", help="a detector name or a saved detector IR (.nfir)")
+        "detect", help="run a detector (BlazeFace, or a RetinaNet / FCOS run) in float, fake-quant or integers "
+                       "and draw the boxes",
+        description="Run a detector graph (network, box decoding, scores and non-maximum suppression in one "
+                    "IR) on images: each image is fitted to the detector's input (BlazeFace: letterboxed into "
+                    "its square; a RetinaNet / FCOS run: resized as it trained), the kept boxes are mapped back "
+                    "to image pixels, printed, and drawn with -o. MODEL is a BlazeFace detector "
+                    f"({', '.join(DETECTORS)}), a detector run's checkpoint (npuforge zoo train "
+                    "retinanet_mobilenet_v2_fpn ... -o RUN: RUN/best.pt) or a saved detector IR, float or "
+                    "quantized (npuforge quantize face_detection_full_range --calib DIR -o bf.nfir).")
+    p.add_argument("model", help="a BlazeFace name, a detector run's checkpoint (.pt) or a saved detector IR (.nfir)")
     p.add_argument("images", nargs="+", metavar="IMAGE", help="image files")
     p.add_argument("--engine", choices=("float", "fake", "int"),
                    help="float graph, fake-quant, or the integer simulator (NMS on integer codes too); default: "
@@ -74,13 +77,54 @@ def load_detector(spec: str):
     from ..errors import NpuforgeError
     from .blazeface import DETECTORS, detector_graph
 
+    from ..train.checkpoint import read_run
+
     if spec in DETECTORS and not Path(spec).exists():
         return detector_graph(spec)
+    run = read_run(Path(spec))
+    if run is not None:
+        if run.get("task") != "detection":
+            raise NpuforgeError(f"{spec}: a {run.get('model_name', 'classifier')} run, not a detector's")
+        from ..workflow import run_graph
+
+        return run_graph(run, spec)  # with its post-processing
     graph = load(spec)
     if "detector" not in graph.metadata:
         raise NpuforgeError(f"{spec}: not a detector graph (no 'detector' record); give one of "
-                            f"{', '.join(DETECTORS)} or a quantized copy of one")
+                            f"{', '.join(DETECTORS)}, a detector run's checkpoint, or a quantized copy of one")
     return graph
+
+
+def _frontend(graph):
+    """(prepare, read) for the graph's kind of detector: ``prepare(img) -> (x, back)`` fits a PIL
+    image to the input (BlazeFace: letterboxed; RetinaNet / FCOS: resized as they trained);
+    ``read(outputs, back) -> (boxes [D, 4] xyxy image pixels, scores [D], labels [D])``."""
+    import numpy as np
+
+    from .blazeface import detections, preprocess
+
+    det = graph.metadata["detector"]
+    if det.get("kind") in ("retinanet", "fcos"):
+        from ..workflow import transform_of
+        from .postprocess import detections as dense_detections
+
+        transform, (h, w) = transform_of(graph.metadata["preprocess"]), det["input_size"]
+
+        def prepare(img):
+            return transform(img)[None], (img.width / w, img.height / h)
+
+        def read(outputs, back):
+            boxes, scores, labels = dense_detections(outputs, det["kind"], (h, w), det["max_detections"])[0]
+            return boxes * np.float32([back[0], back[1], back[0], back[1]]), scores, labels
+
+        return prepare, read
+    size = det["input_size"]
+
+    def read_faces(outputs, box):
+        boxes, scores = detections(outputs, size, box)
+        return boxes, scores, np.zeros(len(boxes), np.int64)
+
+    return (lambda img: preprocess(img, size)), read_faces
 
 
 def _draw(path, img, boxes, scores) -> None:
@@ -108,13 +152,13 @@ def cmd_detect(args) -> int:
     from PIL import Image, UnidentifiedImageError
 
     from ..errors import NpuforgeError
-    from .blazeface import detections, preprocess
 
     graph = load_detector(args.model)
     quantized = any(v.quant is not None for v in graph.values.values())
     engine = args.engine or ("int" if quantized else "float")
     run = _runner(graph, engine, args.model)
-    size = graph.metadata["detector"]["input_size"]
+    prepare, read = _frontend(graph)
+    classes = graph.metadata["detector"].get("classes", ["face"])
     out_dir = Path(args.output) if args.output and len(args.images) > 1 else None
     report = []
     for name in args.images:
@@ -124,18 +168,20 @@ def cmd_detect(args) -> int:
                 img = im.convert("RGB")
         except (OSError, UnidentifiedImageError) as e:
             raise NpuforgeError(f"{name}: cannot read the image ({e})") from None
-        x, box = preprocess(img, size)
-        boxes, scores = detections(run({graph.inputs[0]: x}), size, box)
-        report.append({"image": name, "detections": [{"box": [round(v, 1) for v in b], "score": round(float(s), 4)}
-                                                     for b, s in zip(boxes.tolist(), scores)]})
+        x, back = prepare(img)
+        boxes, scores, labels = read(run({graph.inputs[0]: x}), back)
+        report.append({"image": name, "detections": [{"box": [round(v, 1) for v in b], "score": round(float(s), 4),
+                                                      "label": classes[int(c)]}
+                                                     for b, s, c in zip(boxes.tolist(), scores, labels)]})
         if args.output:
             _draw(out_dir / f"{Path(name).stem}.png" if out_dir else args.output, img, boxes, scores)
     if args.json:
         print(json.dumps({"model": args.model, "engine": engine, "images": report}, indent=2))
     else:
         for r in report:
-            found = "; ".join(f"{d['score']:.2f} at ({', '.join(f'{v:.0f}' for v in d['box'])})" for d in r["detections"])
-            print(f"{r['image']}: {len(r['detections'])} face(s){': ' + found if found else ''}")
+            found = "; ".join(f"{d['label']} {d['score']:.2f} at ({', '.join(f'{v:.0f}' for v in d['box'])})"
+                              for d in r["detections"])
+            print(f"{r['image']}: {len(r['detections'])} detection(s){': ' + found if found else ''}")
         if args.output:
             print(f"  wrote {args.output}")
     return 0
@@ -165,7 +211,6 @@ def eval_detection(args) -> int:
     from tqdm import tqdm
 
     from ..errors import NpuforgeError
-    from .blazeface import detections, preprocess
     from .coco import load_coco
     from .metric import coco_map
 
@@ -179,21 +224,32 @@ def eval_detection(args) -> int:
     run = _runner(graph, engine, args.model)
     ds = load_coco(args.annotations, args.data)
     names = ds.category_names
-    if args.category is None and len(names) != 1:
+    prepare, read = _frontend(graph)
+    category_ids = graph.metadata["detector"].get("category_ids")  # a RetinaNet / FCOS run: all its categories
+    if category_ids is not None:
+        if args.category is not None:
+            raise NpuforgeError(f"--category {args.category}: {args.model} detects all of its categories; "
+                                f"leave --category out")
+        if sorted(category_ids) != sorted(names):
+            raise NpuforgeError(f"{args.annotations}: category ids {sorted(names)} are not the detector's "
+                                f"{sorted(category_ids)}")
+        wanted, ids = "all", list(category_ids)
+    elif args.category is None and len(names) != 1:
         raise NpuforgeError(f"{args.annotations}: {len(names)} categories; name the detector's with --category "
                             f"({', '.join(sorted(names.values()))})")
-    wanted = args.category or next(iter(names.values()))
-    ids = [k for k, v in names.items() if v == wanted]
-    if not ids:
-        raise NpuforgeError(f"--category {wanted}: not in {args.annotations} ({', '.join(sorted(names.values()))})")
+    else:
+        wanted = args.category or next(iter(names.values()))
+        ids = [k for k, v in names.items() if v == wanted]
+        if not ids:
+            raise NpuforgeError(f"--category {wanted}: not in {args.annotations} "
+                                f"({', '.join(sorted(names.values()))})")
     images = ds.images[args.skip:][:args.limit] if args.limit else ds.images[args.skip:]
-    size = graph.metadata["detector"]["input_size"]
     found = {}
     for im in tqdm(images, unit="img", desc="detecting", disable=args.quiet or args.json, leave=False):
         with Image.open(ds.image_path(im)) as img:
-            x, box = preprocess(img.convert("RGB"), size)
-        b, s = detections(run({graph.inputs[0]: x}), size, box)
-        found[im["id"]] = (b, s, [ids[0]] * len(b))
+            x, back = prepare(img.convert("RGB"))
+        b, s, labels = read(run({graph.inputs[0]: x}), back)
+        found[im["id"]] = (b, s, [ids[int(c)] for c in labels])
     m = coco_map(ds, found)
     result = {"model": args.model, "engine": engine, "images": len(images), "category": wanted,
               "detections": sum(len(v[0]) for v in found.values()), **{k: round(v, 4) for k, v in m.items()}}
