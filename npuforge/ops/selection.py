@@ -152,20 +152,19 @@ class NonMaxSuppression(Op):
         return x0, x1, y0, y1, (x1 - x0) * (y1 - y0)
 
     @staticmethod
-    def suppressed(c: tuple, i: int, kept: list, iou_threshold: np.float32) -> bool:
-        """Whether a kept box suppresses box i: a positive overlap and areas, and an IoU strictly
-        above the threshold (float32 throughout, as ONNX Runtime and the ONNX reference compute)."""
-        if not kept:
-            return False
+    def overlapping(c: tuple, i: int, others: np.ndarray, iou_threshold: np.float32) -> np.ndarray:
+        """Which of ``others`` box i suppresses: a positive overlap and areas, and an IoU strictly
+        above the threshold (float32 throughout, as ONNX Runtime and the ONNX reference compute;
+        every operation is symmetric in the two boxes, so either may be the kept one)."""
         x0, x1, y0, y1, area = c
-        k = np.asarray(kept)
+        k = others
         ix0, ix1 = np.maximum(x0[i], x0[k]), np.minimum(x1[i], x1[k])
         iy0, iy1 = np.maximum(y0[i], y0[k]), np.minimum(y1[i], y1[k])
         inter = (ix1 - ix0) * (iy1 - iy0)
         union = area[i] + area[k] - inter
         ok = (ix1 > ix0) & (iy1 > iy0) & (inter > 0) & (area[i] > 0) & (area[k] > 0) & (union > 0)
         with np.errstate(divide="ignore", invalid="ignore"):
-            return bool(np.any(ok & (inter / np.where(ok, union, np.float32(1)) > iou_threshold)))
+            return ok & (inter / np.where(ok, union, np.float32(1)) > iou_threshold)
 
     def forward(self, node, xs):
         boxes, scores = xs[0].numpy(), xs[1].numpy()
@@ -173,7 +172,8 @@ class NonMaxSuppression(Op):
         iou_threshold = np.float32(_scalar(xs, 3, 0.0, float))
         score_threshold = _scalar(xs, 4, None, float)
         selected = []
-        # sequential by nature: each kept box decides the fate of the lower-scored ones
+        # sequential by nature: each kept box decides the fate of the lower-scored ones, so a
+        # kept box strikes out, at once, every lower one it overlaps too much
         for b in range(scores.shape[0]):
             c = self.corners(boxes[b], node.attrs["center_point_box"])
             for cls in range(scores.shape[1]):
@@ -182,11 +182,14 @@ class NonMaxSuppression(Op):
                 order = np.argsort(-s, kind="stable")
                 if score_threshold is not None:
                     order = order[s[order] > score_threshold]
-                kept = []
-                for i in order.tolist():
+                alive, kept = np.ones(len(order), bool), []
+                for rank in range(len(order)) if max_out > 0 else ():
+                    if not alive[rank]:
+                        continue
+                    i = int(order[rank])
+                    kept.append(i)
                     if len(kept) >= max_out:
                         break
-                    if not self.suppressed(c, i, kept, iou_threshold):
-                        kept.append(i)
+                    alive[rank + 1:] &= ~self.overlapping(c, i, order[rank + 1:], iou_threshold)
                 selected += [(b, cls, i) for i in kept]
         return [torch.tensor(selected, dtype=torch.int64).reshape(-1, 3)]
