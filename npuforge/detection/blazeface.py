@@ -76,7 +76,7 @@ def detector_graph(name: str = "face_detection_short_range", score_threshold: fl
     """The float detector graph: outputs ``boxes`` [1, N, 4] (centre x, centre y, width, height in units
     of the input side), ``scores`` [1, 1, N] and ``selected`` [K, 3] (NonMaxSuppression's indices)."""
     from .. import load
-    from ..ir.graph import Node, Value
+    from .postprocess import Appender
 
     g = load(model_file(name))  # refuses an unknown name
     spec = DETECTORS[name]
@@ -88,29 +88,18 @@ def detector_graph(name: str = "face_detection_short_range", score_threshold: fl
     if len(centres) != n:
         raise NpuforgeError(f"{name}: {len(centres)} anchors for {n} regressor rows")
 
-    def const(base, arr):
-        v = g.add_const(g.unique_name(base), np.asarray(arr))
-        return v.name
-
-    def node(op, inputs, attrs=None, out=None):
-        out = out or g.unique_name(f"detect/{op.lower()}")
-        g.add_value(Value(out, "float32", None))
-        g.nodes.append(Node(g.unique_name(f"detect/{op}"), op, list(inputs), [out], dict(attrs or {})))
-        return out
-
-    raw = node("Slice", [regress, const("detect/starts", np.array([0], np.int64)),
-                         const("detect/ends", np.array([4], np.int64)), const("detect/axes", np.array([2], np.int64)),
-                         const("detect/steps", np.array([1], np.int64))])
-    scaled = node("Mul", [raw, const("detect/inv_size", np.full((1, 1, 4), 1.0 / spec.size, np.float32))])
+    a = Appender(g, "detect")
+    scaled = a.node("Mul", [a.slice(regress, 0, 4), a.const("inv_size", np.full((1, 1, 4), 1.0 / spec.size,
+                                                                                np.float32))])
     offsets = np.zeros((1, n, 4), np.float32)
     offsets[0, :, :2] = centres
-    boxes = node("Add", [scaled, const("detect/anchors", offsets)], out="boxes")
-    scores = node("Transpose", [node("Sigmoid", [classify])], {"perm": [0, 2, 1]}, out="scores")
-    selected = node("NonMaxSuppression",
-                    [boxes, scores, const("detect/max_detections", np.array([max_detections], np.int64)),
-                     const("detect/iou_threshold", np.array([iou_threshold], np.float32)),
-                     const("detect/score_threshold", np.array([score_threshold], np.float32))],
-                    {"center_point_box": 1}, out="selected")
+    boxes = a.node("Add", [scaled, a.const("anchors", offsets)], out="boxes")
+    scores = a.node("Transpose", [a.node("Sigmoid", [classify])], {"perm": [0, 2, 1]}, out="scores")
+    selected = a.node("NonMaxSuppression",
+                      [boxes, scores, a.const("max_detections", np.array([max_detections], np.int64)),
+                       a.const("iou_threshold", np.array([iou_threshold], np.float32)),
+                       a.const("score_threshold", np.array([score_threshold], np.float32))],
+                      {"center_point_box": 1}, out="selected")
     g.outputs = [boxes, scores, selected]
     from ..ir.infer import infer_shapes
 

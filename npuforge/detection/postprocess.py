@@ -25,8 +25,9 @@ from ..errors import NpuforgeError
 from .boxes import DELTA_CLAMP
 
 
-class _Appender:
-    """Nodes and constants added to a graph under one name prefix."""
+class Appender:
+    """Nodes and constants added to a graph under one name prefix (the post-processing here and
+    BlazeFace's)."""
 
     def __init__(self, graph, prefix: str):
         self.g, self.prefix, self.consts = graph, prefix, []
@@ -82,7 +83,7 @@ def postprocess_graph(graph, model, score_threshold: float = 0.05, iou_threshold
     if list(graph.outputs) != names:
         raise NpuforgeError(f"graph outputs {graph.outputs}: give a detector's head rows {names}")
     size = model.image_size
-    a = _Appender(graph, "postprocess")
+    a = Appender(graph, "postprocess")
     fcos = len(names) == 3
     if fcos:
         points, _ = model.priors(size)
@@ -104,8 +105,6 @@ def postprocess_graph(graph, model, score_threshold: float = 0.05, iou_threshold
         probs = a.node("Sigmoid", ["cls_logits"])
         threshold = score_threshold
     scores = a.node("Transpose", [probs], {"perm": [0, 2, 1]}, out="scores")
-    box_values = [v for n in graph.nodes if n.name.startswith("postprocess/") for v in n.outputs
-                  if _feeds(graph, v, decoded)]
     a.node("NonMaxSuppression", [decoded, scores, a.const("max_detections", np.array([max_detections], np.int64)),
                                  a.const("iou_threshold", np.array([iou_threshold], np.float32)),
                                  a.const("score_threshold", np.array([threshold], np.float32))],
@@ -113,7 +112,9 @@ def postprocess_graph(graph, model, score_threshold: float = 0.05, iou_threshold
     graph.outputs = ["decoded", "scores", "selected"]
     infer_shapes(graph)
     graph.check()
-    consts = [c for c in a.consts if _feeds(graph, c, decoded) and graph.values[c].dtype == "float32"]
+    upstream = _upstream(graph, decoded)
+    box_values = [v for n in graph.nodes if n.name.startswith("postprocess/") for v in n.outputs if v in upstream]
+    consts = [c for c in a.consts if c in upstream and graph.values[c].dtype == "float32"]
     graph.metadata["detector"] = {
         "name": getattr(model, "zoo_name", type(model).__name__), "kind": "fcos" if fcos else "retinanet",
         "input_size": list(size), "score_threshold": score_threshold, "iou_threshold": iou_threshold,
@@ -122,22 +123,18 @@ def postprocess_graph(graph, model, score_threshold: float = 0.05, iou_threshold
     return graph
 
 
-def _feeds(graph, value: str, target: str) -> bool:
-    """Does ``value`` reach ``target`` (through the nodes after it)?"""
-    readers: dict[str, list] = {}
-    for n in graph.nodes:
-        for i in n.inputs:
-            readers.setdefault(i, []).append(n)
+def _upstream(graph, value: str) -> set[str]:
+    """``value`` and every value it is computed from."""
+    producers = graph.producers()
     seen, todo = set(), [value]
     while todo:
         v = todo.pop()
-        if v == target:
-            return True
         if v in seen:
             continue
         seen.add(v)
-        todo += [o for n in readers.get(v, []) for o in n.outputs]
-    return False
+        node = producers.get(v)
+        todo += [i for i in node.inputs if i] if node is not None else []
+    return seen
 
 
 def detections(outputs: dict, kind: str, image_size, max_detections: int = 100) -> list[tuple]:
@@ -162,4 +159,4 @@ def detections(outputs: dict, kind: str, image_size, max_detections: int = 100) 
     return results
 
 
-__all__ = ["detections", "head_path", "postprocess_graph"]
+__all__ = ["Appender", "detections", "head_path", "postprocess_graph"]
