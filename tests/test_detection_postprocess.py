@@ -72,7 +72,9 @@ def test_float_graph_equals_decode_plus_greedy_nms(name, tmp_path):
         assert 5 <= len(boxes) == len(rb) <= THRESHOLDS["max_detections"]
         assert len(np.unique(scores)) == len(scores)  # no ties: one order
         np.testing.assert_array_equal(labels, rl)
-        np.testing.assert_allclose(scores, rs, rtol=1e-5)
+        # the graph runs on npuforge's float kernels, the model on torch's: on the portable kernels
+        # (ATEN_CPU_CAPABILITY=default) a score differs by 1.8e-5 relative, so 1e-4, as for the boxes
+        np.testing.assert_allclose(scores, rs, rtol=1e-4)
         np.testing.assert_allclose(boxes, rb, rtol=1e-4, atol=1e-3)
 
 
