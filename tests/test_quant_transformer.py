@@ -135,10 +135,11 @@ def layernorm_reference(q_in, g, b, eps, shift, zp, qmin, qmax):
         row = [int(v) for v in q_in[idx]]
         s = sum(row)
         c = [n * v - s for v in row]
-        d = sum(ci * ci for ci in c) + eps
+        d = n * sum(v * v for v in row) - s * s + eps
         h = sum(d >= 1 << (21 + 2 * j) for j in range(1, 21))
-        r = math.isqrt((n << p) // (d >> (2 * h)))
-        out[idx] = [min(max(((((ci * r) >> h) * int(gi) + int(bi) + (1 << (shift - 1))) >> shift) + zp, qmin), qmax)
+        r = math.isqrt((1 << 60) // (d >> (2 * h)))
+        down = 30 - p // 2
+        out[idx] = [min(max(((((ci * r) >> (h + down)) * int(gi) + int(bi) + (1 << (shift - 1))) >> shift) + zp, qmin), qmax)
                     for ci, gi, bi in zip(c, g, b)]
     return out
 
@@ -215,6 +216,27 @@ def test_large_slices_keep_the_normalization_precise():
     fake = run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]
     integer = IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x})[q.outputs[0]]
     assert np.abs(integer - fake).max() <= 1.01 * step
+
+
+def test_slices_past_the_old_int64_bound_are_quantized():
+    """A 200 x 200 InstanceNorm (N = 40,000 8-bit codes) was kept in float while the rule
+    summed squares of N times the centred code (N^3 * 255^2 past 2^61 from N = 32,768)."""
+    graph, q, calib, messages = _quantized(WideInstanceNet(), (1, 3, 200, 200), batches=1)
+    assert not any("kept in float" in m for m in messages)
+    x = calib[0]
+    step = float(q.values[q.outputs[0]].quant.scale)
+    fake = run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]
+    integer = IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x})[q.outputs[0]]
+    assert np.abs(integer - fake).max() <= 1.01 * step
+
+
+def test_int16_slices_past_the_int64_bound_are_refused_by_name():
+    torch.manual_seed(0)
+    graph = _graph(WideInstanceNet(), torch.zeros(1, 3, 220, 220))  # N = 48,400 int16 codes: N * 32768 > 2^30.5
+    norm = next(n for n in graph.nodes if n.op == "InstanceNormalization")
+    calib = [np.random.default_rng(0).standard_normal((1, 3, 220, 220)).astype(np.float32)]
+    with pytest.raises(npuforge.NpuforgeError, match=r"InstanceNormalization\): 48400 input codes .* keep it in float"):
+        npuforge.quantize(graph, calib, {"int16": [norm.inputs[0]]}, log=lambda m: None)
 
 
 def test_isqrt_is_exact_near_squares():

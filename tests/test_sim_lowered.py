@@ -326,8 +326,8 @@ def test_layer_and_instance_norm_lowered_in_int64(mode):
     node = next(n for n in g.nodes if n.op == "InstanceNormalization")
     codes = plain.run({g.inputs[0]: x}, outputs=[node.inputs[0]], dequantize=False)[node.inputs[0]]
     q = torch.from_numpy(codes.astype(np.int64))
-    c = q.shape[2] * q.shape[3] * q - q.sum(dim=(2, 3), keepdim=True)
-    assert (shift_of((c * c).sum(dim=(2, 3), keepdim=True)) > 0).all()
+    n, total = q.shape[2] * q.shape[3], q.sum(dim=(2, 3), keepdim=True)
+    assert (shift_of(n * (q * q).sum(dim=(2, 3), keepdim=True) - total * total) > 0).all()
     both(g, {g.inputs[0]: x}, mode)
 
 

@@ -7,23 +7,24 @@ per normalized element; InstanceNormalization over the spatial axes of each
 normalized slice, with input codes q (scale ``s_x``) and output scale ``s_y`` /
 zero point ``zp_y``:
 
-1. ``c = N * q - sum(q)``: N times the centred code, exact (the zero point cancels);
-2. ``V = sum(c^2)``, so the variance in codes is ``V / N^3``; ``E = round(eps / s_x^2 * N^3)``
-   carries epsilon on the same scale (at least 1, so a constant slice divides by it;
-   at most 2^60);
-3. ``D = V + E``, brought to 23 bits or fewer by ``h = #{j in 1..20: D >= 2^(21 + 2j)}``:
-   ``D_h = D // 4^h``; then ``r = isqrt((N << P) // D_h)`` with ``P`` the largest even
-   number keeping ``N << P`` below 2^62, and ``u = floor(c * r / 2^h)``: ``u / 2^(P/2)``
-   is the normalized value, ``|u| <= 2^(P/2) * sqrt(N)`` (a single ``c^2`` never
-   exceeds ``V``). ``r`` keeps about 20 significant bits whatever N and the slice's
-   spread (the shift by h is what makes that so: without it, large slices kept a few);
+1. ``S = sum(q)``, ``c = N * q - S``: N times the centred code, exact (the zero point cancels);
+2. ``W = N * sum(q^2) - S^2 = sum(c^2) / N``, so the variance in codes is ``W / N^2``;
+   ``E = round(eps / s_x^2 * N^2)`` carries epsilon on the same scale (at least 1, so a
+   constant slice divides by it; at most 2^60);
+3. ``D = W + E``, brought to 23 bits or fewer by ``h = #{j in 1..20: D >= 2^(21 + 2j)}``:
+   ``D_h = D // 4^h``; then ``r = isqrt(2^60 // D_h)`` (about 19 significant bits whatever N
+   and the slice's spread: the shift by h is what makes that so) and
+   ``u = floor(c * r / 2^(h + 30 - P/2))``, with ``P`` the largest even number keeping
+   ``N << P`` below 2^62: ``u / 2^(P/2)`` is the normalized value and
+   ``|u| <= 2^(P/2) * sqrt(N)`` (a single ``c^2`` never exceeds ``N * W``);
 4. ``y = floor((u * G + B + 2^(T-1)) / 2^T) + zp_y``, saturated, with per-element
    ``G = round(scale / s_y * 2^F)``, ``B = round(bias / s_y * 2^T)``, ``T = P/2 + F`` and
    the largest ``F <= 24`` that keeps every term below 2^61.
 
 All of it is int64 arithmetic; the integer square root is exact (a float64 estimate
-corrected by one step each way). ``V`` stays below 2^61 for slices of up to
-``MAX_ELEMENTS`` 8-bit codes; a larger normalization is kept in float.
+corrected by one step each way). With input codes of magnitude at most m, ``W`` and
+``c * r`` stay inside int64 while ``N * m < 2^30.5``: slices of up to 5.8 million 8-bit
+codes, or 46,340 16-bit ones; a larger 8-bit normalization is kept in float.
 """
 
 from __future__ import annotations
@@ -37,13 +38,14 @@ from ..errors import NpuforgeError
 
 MAX_F = 24
 LIMIT = 61  # every intermediate stays below 2^61 (and so their sum below 2^63)
-MAX_ELEMENTS = 32768  # N^3 * 255^2 < 2^61: V = sum(c^2) fits int64 with room for E
+NUMERATOR_BITS = 60  # r = isqrt(2^60 // D_h)
 SHIFT_LIMITS = [1 << (21 + 2 * j) for j in range(1, 21)]  # h counts the limits D reaches (D < 2^62)
 
 
-def fits(n: int) -> bool:
-    """Whether a slice of ``n`` 8-bit codes keeps the rule's sums inside int64."""
-    return n <= MAX_ELEMENTS
+def fits(n: int, magnitude: int = 255) -> bool:
+    """Whether a slice of ``n`` codes of at most ``magnitude`` keeps the rule inside int64:
+    ``W <= (N m)^2`` below 2^61 (``c * r`` then stays below 2^62)."""
+    return (n * magnitude) ** 2 < 1 << LIMIT
 
 
 def shift_of(d: torch.Tensor) -> torch.Tensor:
@@ -78,13 +80,23 @@ def _p_bits(n: int) -> int:
     return p - (p % 2)
 
 
+def down_shift(n: int) -> int:
+    """From r's 2^30 to u's 2^(P/2) fixed point."""
+    return NUMERATOR_BITS // 2 - _p_bits(n) // 2
+
+
 def quantize_integers(graph, node, add) -> None:
     """Store E, G, B and the shifts of one LayerNormalization node (``add(role, array)``)."""
     xp, yp = graph.values[node.inputs[0]].quant, graph.values[node.outputs[0]].quant
     _, n, params = _geometry(graph, node)
     scale, bias = _parameter(graph, node, 1, params), _parameter(graph, node, 2, params)
+    magnitude = max(abs(xp.qmin), abs(xp.qmax))
+    if not fits(n, magnitude):
+        raise NpuforgeError(f"node '{node.name}' ({node.op}): {n} input codes of up to {magnitude} per slice "
+                            f"overflow the integer rule's int64 sums; keep it in float (keep_float) or "
+                            f"leave its input in 8 bits")
     s_x, s_y = float(xp.scale), float(yp.scale)
-    eps = min(max(1, round(node.attrs["epsilon"] / (s_x * s_x) * n ** 3)), 1 << 60)
+    eps = min(max(1, round(node.attrs["epsilon"] / (s_x * s_x) * n ** 2)), 1 << 60)
     half_p = _p_bits(n) // 2
     g_max = max(float(np.abs(scale).max()) / s_y, 1e-30)
     b_max = float(np.abs(bias).max()) / s_y
@@ -111,11 +123,12 @@ def isqrt(a: torch.Tensor) -> torch.Tensor:
 def integer_forward(sim, node, env) -> list:
     q = sim._as_codes(node.inputs[0], env).to(torch.int64)
     dims, n, _ = _geometry(sim.graph, node)
-    c = n * q - q.sum(dim=dims, keepdim=True)
-    d = (c * c).sum(dim=dims, keepdim=True) + int(sim._int(node, "epsilon"))
+    total = q.sum(dim=dims, keepdim=True)
+    c = n * q - total
+    d = n * (q * q).sum(dim=dims, keepdim=True) - total * total + int(sim._int(node, "epsilon"))
     h = shift_of(d)
-    r = isqrt((n << _p_bits(n)) // (d >> (2 * h)))
-    u = (c * r) >> h  # arithmetic shift: floor
+    r = isqrt((1 << NUMERATOR_BITS) // (d >> (2 * h)))
+    u = (c * r) >> (h + down_shift(n))  # arithmetic shift: floor
     g = torch.from_numpy(sim._int(node, "scale"))
     b = torch.from_numpy(sim._int(node, "bias"))
     t = int(sim._int(node, "shift"))

@@ -61,10 +61,13 @@ def layernorm(builder, node) -> str:
     axes = _int64(builder, f"{pre}::axes", list(dims))
     q = builder.emit("Cast", [x], f"{pre}::q_in", to=TensorProto.INT64)  # q - zp: the zero point cancels in c
     total = builder.emit("ReduceSum", [q, axes], f"{pre}::sum", keepdims=1)
-    c = builder.emit("Sub", [builder.emit("Mul", [q, _int64(builder, f"{pre}::n", n)], f"{pre}::nq"), total],
-                     f"{pre}::c")
-    v = builder.emit("ReduceSum", [builder.emit("Mul", [c, c], f"{pre}::c2"), axes], f"{pre}::v", keepdims=1)
-    d = builder.emit("Add", [v, _int64(builder, f"{pre}::eps", int(plain._int(node, "epsilon")))], f"{pre}::d")
+    n64 = _int64(builder, f"{pre}::n", n)
+    c = builder.emit("Sub", [builder.emit("Mul", [q, n64], f"{pre}::nq"), total], f"{pre}::c")
+    squares = builder.emit("ReduceSum", [builder.emit("Mul", [q, q], f"{pre}::q2"), axes], f"{pre}::sumsq",
+                           keepdims=1)
+    w = builder.emit("Sub", [builder.emit("Mul", [squares, n64], f"{pre}::nsumsq"),
+                             builder.emit("Mul", [total, total], f"{pre}::s2")], f"{pre}::w")
+    d = builder.emit("Add", [w, _int64(builder, f"{pre}::eps", int(plain._int(node, "epsilon")))], f"{pre}::d")
     # h = #{j: d >= 2^(21 + 2j)}; d // 4^h and floor(c r / 2^h) by tables of powers
     steps = len(layernorm_rule.SHIFT_LIMITS)
     limits = _int64(builder, f"{pre}::limits", layernorm_rule.SHIFT_LIMITS)
@@ -75,10 +78,11 @@ def layernorm(builder, node) -> str:
                      f"{pre}::h", keepdims=0)
     pow4 = builder.emit("Gather", [_int64(builder, f"{pre}::pow4", [4 ** k for k in range(steps + 1)]), h],
                         f"{pre}::4h", axis=0)
-    pow2 = builder.emit("Gather", [_int64(builder, f"{pre}::pow2", [2 ** k for k in range(steps + 1)]), h],
+    down = layernorm_rule.down_shift(n)  # floor(c r / 2^(h + down)) by one power per h
+    pow2 = builder.emit("Gather", [_int64(builder, f"{pre}::pow2", [2 ** (k + down) for k in range(steps + 1)]), h],
                         f"{pre}::2h", axis=0)
     dh = builder.emit("Div", [d, pow4], f"{pre}::dh")
-    a = builder.emit("Div", [_int64(builder, f"{pre}::np", n << layernorm_rule._p_bits(n)), dh], f"{pre}::a")
+    a = builder.emit("Div", [_int64(builder, f"{pre}::np", 1 << layernorm_rule.NUMERATOR_BITS), dh], f"{pre}::a")
     r = _isqrt(builder, a, f"{pre}::r")
     g = builder.const(f"{pre}::g", plain._int(node, "scale").astype(np.int64))
     b = builder.const(f"{pre}::b", plain._int(node, "bias").astype(np.int64))
