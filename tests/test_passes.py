@@ -504,6 +504,49 @@ def test_hardswish_from_hardsigmoid_and_from_clip_div():
     assert "HardSwish" not in ops(run(g, ["recognize_activations"]))
 
 
+class Normalizing(nn.Module):
+    """F.normalize twice (ReduceL2, Clip, Expand, Div) and x / x.norm (ReduceL2, Div)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 12)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return (torch.nn.functional.normalize(h, dim=-1) * torch.nn.functional.normalize(h, dim=(1, 2), eps=1e-3)
+                + h / h.norm(dim=1, keepdim=True))
+
+
+def test_l2_normalization_is_recognised_and_exports_to_what_onnx_runtime_runs():
+    import onnxruntime as ort
+
+    from npuforge.export import to_onnx
+
+    m = Normalizing().eval()
+    out = run(npuforge.from_torch(m, torch.zeros(2, 5, 8)), ["fold_constants", "recognize_normalizations"])
+    norms = [n for n in out.nodes if n.op == "L2Normalize"]
+    assert not {"ReduceL2", "Clip", "Expand", "Div"} & set(ops(out))
+    found = sorted((n.attrs["axes"], np.float32(n.attrs["epsilon"])) for n in norms)
+    assert found == [([1], 0.0), ([1, 2], np.float32(1e-3)), ([2], np.float32(1e-12))]
+    x = RNG.standard_normal((3, 5, 8)).astype(np.float32)
+    with torch.no_grad():
+        ref = m(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(out.run({out.inputs[0]: x})[out.outputs[0]], ref, rtol=1e-5, atol=1e-6)
+    sess = ort.InferenceSession(to_onnx(out).SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {out.inputs[0]: x})[0], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_a_norm_of_another_value_or_a_clip_with_a_maximum_is_not_l2_normalize():
+    norm = [node("ReduceL2", ["x", "axes"], ["n"], keepdims=1)]
+    k = {"axes": np.array([1], np.int64), "lo": np.array(1e-6, np.float32), "hi": np.array(10.0, np.float32)}
+    g = build(norm + [node("Div", ["z", "n"], ["y"])], {"x": ["N", 8], "z": ["N", 8]}, ["y"], k)
+    assert "L2Normalize" not in ops(run(g, ["recognize_normalizations"]))
+    g = build(norm + [node("Clip", ["n", "lo", "hi"], ["c"]), node("Div", ["x", "c"], ["y"])], {"x": ["N", 8]}, ["y"], k)
+    assert "L2Normalize" not in ops(run(g, ["recognize_normalizations"]))
+    g = build(norm + [node("Clip", ["n", "lo"], ["c"]), node("Div", ["x", "c"], ["y"])], {"x": ["N", 8]}, ["y"], k)
+    assert ops(run(g, ["recognize_normalizations"])) == ["L2Normalize"]
+
+
 def gelu_tanh_nodes(assoc: int):
     k = {"c": np.array(0.044715, np.float32), "s": np.array(np.sqrt(2 / np.pi), np.float32),
          "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)}

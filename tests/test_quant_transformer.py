@@ -125,8 +125,9 @@ class NormNet(torch.nn.Module):
         return self.norm(self.fc(x) * 3.0 + 1.0)
 
 
-def layernorm_reference(q_in, g, b, eps, shift, zp, qmin, qmax):
-    """The documented rule in plain Python integers over the last axis."""
+def layernorm_reference(q_in, g, b, eps, shift, zp, qmin, qmax, zp_in=None):
+    """The documented rule in plain Python integers over the last axis (``zp_in`` given:
+    L2Normalize's, uncentred)."""
     n = q_in.shape[-1]
     p = 62 - n.bit_length()
     p -= p % 2
@@ -134,8 +135,12 @@ def layernorm_reference(q_in, g, b, eps, shift, zp, qmin, qmax):
     for idx in np.ndindex(q_in.shape[:-1]):
         row = [int(v) for v in q_in[idx]]
         s = sum(row)
-        c = [n * v - s for v in row]
-        d = n * sum(v * v for v in row) - s * s + eps
+        if zp_in is None:
+            c = [n * v - s for v in row]
+            d = n * sum(v * v for v in row) - s * s + eps
+        else:
+            c = [v - zp_in for v in row]
+            d = max(sum(ci * ci for ci in c), eps)
         h = sum(d >= 1 << (21 + 2 * j) for j in range(1, 21))
         r = math.isqrt((1 << 60) // (d >> (2 * h)))
         down = 30 - p // 2
@@ -157,6 +162,32 @@ def test_layernorm_integer_rule_equals_its_reference_and_tracks_float():
     np.testing.assert_array_equal(q_out.astype(np.int64), ref)
     fake = run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]
     integer = IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x})[q.outputs[0]]
+    assert np.abs(integer - fake).max() <= 1.01 * float(yp.scale)
+
+
+class L2Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 40)
+
+    def forward(self, x):
+        return torch.nn.functional.normalize(self.fc(x) + 0.5, dim=-1) * 2.0
+
+
+def test_l2_normalize_takes_the_integer_rule_uncentred():
+    graph, q, calib, messages = _quantized(L2Net(), (4, 6, 16))
+    node = _node(q, "L2Normalize")
+    assert not any("kept in float" in m for m in messages) and "Div" not in {n.op for n in q.nodes}
+    x = calib[0]
+    q_in, q_out = _codes(q, x, node.inputs[0]), _codes(q, x, node.outputs[0])
+    xp, yp = q.values[node.inputs[0]].quant, q.values[node.outputs[0]].quant
+    data = {role: q.values[name].data for role, name in node.quant.items()}
+    ref = layernorm_reference(q_in, np.broadcast_to(data["scale"], (40,)), np.broadcast_to(data["bias"], (40,)),
+                              int(data["epsilon"]), int(data["shift"]), int(yp.zero_point), yp.qmin, yp.qmax,
+                              zp_in=int(xp.zero_point))
+    np.testing.assert_array_equal(q_out.astype(np.int64), ref)
+    fake = run_fake_quant(q, {q.inputs[0]: x}, outputs=[node.outputs[0]])[node.outputs[0]]
+    integer = IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x}, outputs=[node.outputs[0]])[node.outputs[0]]
     assert np.abs(integer - fake).max() <= 1.01 * float(yp.scale)
 
 

@@ -294,3 +294,47 @@ class LpNormalization(Op):
         if node.attrs["p"] == 1:
             return [x / x.abs().sum(dim=axis, keepdim=True)]
         return [x / torch.sqrt((x * x).sum(dim=axis, keepdim=True))]
+
+
+@register
+class L2Normalize(_IntegerNormalization):
+    """``F.normalize(x, dim=axes)``, recognised from ReduceL2 -> Clip(min=eps) -> Div by the
+    ``recognize_normalizations`` pass, so that it quantizes as one integer rule (the
+    division of two activations it is made of has none)."""
+
+    name = "L2Normalize"
+    attrs = {"axes": REQUIRED, "epsilon": 0.0}
+    summary = ("x / max(||x||_2 over axes, epsilon) (npuforge op, recognised from ReduceL2, Clip, Div); "
+               "int8: the integer rule of LayerNormalization without the centring")
+
+    def quant_kind(self, node, graph):
+        return self.quant if self._fits(node, graph) else None
+
+    def infer(self, node, ins):
+        x = ins[0]
+        require_dtype(node, x, FLOAT)
+        axes = [norm_axis(node, a, len(x.shape)) for a in node.attrs["axes"]]
+        if not axes or len(set(axes)) != len(axes):
+            fail(node, f"axes {node.attrs['axes']} must be distinct and not empty")
+        if node.attrs["epsilon"] < 0:
+            fail(node, f"epsilon {node.attrs['epsilon']} is negative")
+        return [TensorInfo(x.dtype, x.shape)]
+
+    def forward(self, node, xs):
+        x = xs[0]
+        dims = [a % x.dim() for a in node.attrs["axes"]]
+        norm = torch.sqrt((x * x).sum(dim=dims, keepdim=True))
+        return [x / torch.clamp(norm, min=float(node.attrs["epsilon"]))]
+
+    def onnx_nodes(self, node):
+        from onnx import helper, numpy_helper
+
+        out = node.outputs[0]
+        axes, eps, norm, clipped = (f"{out}::{k}" for k in ("axes", "eps", "norm", "clipped"))
+        axes_value = numpy_helper.from_array(np.array(node.attrs["axes"], np.int64), axes)
+        eps_value = numpy_helper.from_array(np.array(node.attrs["epsilon"], np.float32), eps)
+        return [helper.make_node("Constant", [], [axes], name=f"{node.name}::axes", value=axes_value),
+                helper.make_node("Constant", [], [eps], name=f"{node.name}::eps", value=eps_value),
+                helper.make_node("ReduceL2", [node.inputs[0], axes], [norm], name=f"{node.name}::norm", keepdims=1),
+                helper.make_node("Clip", [norm, eps], [clipped], name=f"{node.name}::clip"),
+                helper.make_node("Div", [node.inputs[0], clipped], [out], name=node.name)]

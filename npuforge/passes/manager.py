@@ -69,6 +69,7 @@ DEFAULT_PIPELINE = (
     "fold_pad",
     "fuse_bias",
     "recognize_activations",
+    "recognize_normalizations",
     "fuse_activation",
     "dead_code",
 )
@@ -94,7 +95,7 @@ def unregister_pass(name: str) -> None:
 def _load_all() -> None:
     from . import (  # noqa: F401  (importing registers them)
         cse, dead_code, div_by_constant, fold_batchnorm, fold_constants, fold_pad, fuse_activation, fuse_bias,
-        recognize_activations, remove_identity, simplify_layout,
+        recognize_activations, recognize_normalizations, remove_identity, simplify_layout,
     )
 
 

@@ -1,5 +1,5 @@
-"""The integer LayerNormalization and InstanceNormalization (quantization kind
-"layernorm"): decided once by the quantizer, run by the integer simulator.
+"""The integer LayerNormalization, InstanceNormalization and L2Normalize (quantization
+kind "layernorm"): decided once by the quantizer, run by the integer simulator.
 
 LayerNormalization normalizes over the axes from ``axis`` on, with a scale and bias
 per normalized element; InstanceNormalization over the spatial axes of each
@@ -20,6 +20,10 @@ zero point ``zp_y``:
 4. ``y = floor((u * G + B + 2^(T-1)) / 2^T) + zp_y``, saturated, with per-element
    ``G = round(scale / s_y * 2^F)``, ``B = round(bias / s_y * 2^T)``, ``T = P/2 + F`` and
    the largest ``F <= 24`` that keeps every term below 2^61.
+
+L2Normalize (``x / max(||x||, eps)``) takes the same steps uncentred: ``c = q - zp_x``,
+``W = sum(c^2)`` and ``D = max(W, E)`` with ``E = round((eps / s_x)^2)`` (at least 1),
+scale 1 and bias 0.
 
 All of it is int64 arithmetic; the integer square root is exact (a float64 estimate
 corrected by one step each way). With input codes of magnitude at most m, ``W`` and
@@ -53,11 +57,18 @@ def shift_of(d: torch.Tensor) -> torch.Tensor:
     return (d.unsqueeze(-1) >= torch.tensor(SHIFT_LIMITS, dtype=torch.int64)).sum(dim=-1)
 
 
+def centred(node) -> bool:
+    """LayerNormalization and InstanceNormalization subtract the mean; L2Normalize does not."""
+    return node.op != "L2Normalize"
+
+
 def _geometry(graph, node) -> tuple[tuple, int, tuple]:
     """(normalized axes, N, the shape scale and bias broadcast to against the input)."""
     shape = graph.values[node.inputs[0]].shape
     if node.op == "InstanceNormalization":
         axes, params = tuple(range(2, len(shape))), (shape[1],) + (1,) * (len(shape) - 2)
+    elif node.op == "L2Normalize":
+        axes, params = tuple(sorted(a % len(shape) for a in node.attrs["axes"])), ()
     else:
         axis = node.attrs["axis"] % len(shape)
         axes, params = tuple(range(axis, len(shape))), tuple(shape[axis:])
@@ -69,6 +80,8 @@ def _geometry(graph, node) -> tuple[tuple, int, tuple]:
 
 
 def _parameter(graph, node, k: int, shape: tuple) -> np.ndarray:
+    if not centred(node):  # L2Normalize: scale 1, bias 0
+        return np.full(shape, 1.0 if k == 1 else 0.0)
     if len(node.inputs) <= k or not node.inputs[k]:
         return np.zeros(shape)
     data = np.asarray(graph.values[node.inputs[k]].data, np.float64)
@@ -90,13 +103,16 @@ def quantize_integers(graph, node, add) -> None:
     xp, yp = graph.values[node.inputs[0]].quant, graph.values[node.outputs[0]].quant
     _, n, params = _geometry(graph, node)
     scale, bias = _parameter(graph, node, 1, params), _parameter(graph, node, 2, params)
-    magnitude = max(abs(xp.qmin), abs(xp.qmax))
+    magnitude = max(abs(xp.qmin), abs(xp.qmax)) if centred(node) else xp.qmax - xp.qmin  # of q, or of q - zp
     if not fits(n, magnitude):
         raise NpuforgeError(f"node '{node.name}' ({node.op}): {n} input codes of up to {magnitude} per slice "
                             f"overflow the integer rule's int64 sums; keep it in float (keep_float) or "
                             f"leave its input in 8 bits")
     s_x, s_y = float(xp.scale), float(yp.scale)
-    eps = min(max(1, round(node.attrs["epsilon"] / (s_x * s_x) * n ** 2)), 1 << 60)
+    if centred(node):  # sqrt(var + eps): added to W = N^2 var
+        eps = min(max(1, round(node.attrs["epsilon"] / (s_x * s_x) * n ** 2)), 1 << 60)
+    else:  # max(||x||, eps): a floor under W = ||x||^2 / s_x^2
+        eps = min(max(1, round((node.attrs["epsilon"] / s_x) ** 2)), 1 << 60)
     half_p = _p_bits(n) // 2
     g_max = max(float(np.abs(scale).max()) / s_y, 1e-30)
     b_max = float(np.abs(bias).max()) / s_y
@@ -123,9 +139,14 @@ def isqrt(a: torch.Tensor) -> torch.Tensor:
 def integer_forward(sim, node, env) -> list:
     q = sim._as_codes(node.inputs[0], env).to(torch.int64)
     dims, n, _ = _geometry(sim.graph, node)
-    total = q.sum(dim=dims, keepdim=True)
-    c = n * q - total
-    d = n * (q * q).sum(dim=dims, keepdim=True) - total * total + int(sim._int(node, "epsilon"))
+    e = int(sim._int(node, "epsilon"))
+    if centred(node):
+        total = q.sum(dim=dims, keepdim=True)
+        c = n * q - total
+        d = n * (q * q).sum(dim=dims, keepdim=True) - total * total + e
+    else:
+        c = q - int(sim._q(node.inputs[0]).zero_point)
+        d = torch.clamp((c * c).sum(dim=dims, keepdim=True), min=e)
     h = shift_of(d)
     r = isqrt((1 << NUMERATOR_BITS) // (d >> (2 * h)))
     u = (c * r) >> (h + down_shift(n))  # arithmetic shift: floor

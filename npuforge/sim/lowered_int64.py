@@ -1,6 +1,6 @@
 """The float lowering (:mod:`npuforge.sim.lowered`) of the two rules that are integer
 programs rather than one requantization: Softmax (npuforge/quant/softmax_rule.py)
-and LayerNormalization / InstanceNormalization (npuforge/quant/layernorm_rule.py),
+and LayerNormalization / InstanceNormalization / L2Normalize (npuforge/quant/layernorm_rule.py),
 written in ONNX Runtime's int64 arithmetic, step for step as the plain simulator
 computes them. Every step is exact: int64 products stay below 2^62 by the rules'
 own bounds, ``Div`` of non-negative int64 values is floor division, a floor
@@ -60,14 +60,18 @@ def layernorm(builder, node) -> str:
     dims, n, _ = layernorm_rule._geometry(builder.graph, node)
     axes = _int64(builder, f"{pre}::axes", list(dims))
     q = builder.emit("Cast", [x], f"{pre}::q_in", to=TensorProto.INT64)  # q - zp: the zero point cancels in c
-    total = builder.emit("ReduceSum", [q, axes], f"{pre}::sum", keepdims=1)
-    n64 = _int64(builder, f"{pre}::n", n)
-    c = builder.emit("Sub", [builder.emit("Mul", [q, n64], f"{pre}::nq"), total], f"{pre}::c")
     squares = builder.emit("ReduceSum", [builder.emit("Mul", [q, q], f"{pre}::q2"), axes], f"{pre}::sumsq",
                            keepdims=1)
-    w = builder.emit("Sub", [builder.emit("Mul", [squares, n64], f"{pre}::nsumsq"),
-                             builder.emit("Mul", [total, total], f"{pre}::s2")], f"{pre}::w")
-    d = builder.emit("Add", [w, _int64(builder, f"{pre}::eps", int(plain._int(node, "epsilon")))], f"{pre}::d")
+    eps = _int64(builder, f"{pre}::eps", int(plain._int(node, "epsilon")))
+    if layernorm_rule.centred(node):
+        total = builder.emit("ReduceSum", [q, axes], f"{pre}::sum", keepdims=1)
+        n64 = _int64(builder, f"{pre}::n", n)
+        c = builder.emit("Sub", [builder.emit("Mul", [q, n64], f"{pre}::nq"), total], f"{pre}::c")
+        w = builder.emit("Sub", [builder.emit("Mul", [squares, n64], f"{pre}::nsumsq"),
+                                 builder.emit("Mul", [total, total], f"{pre}::s2")], f"{pre}::w")
+        d = builder.emit("Add", [w, eps], f"{pre}::d")
+    else:  # L2Normalize: c = q - zp, D = max(sum(c^2), E)
+        c, d = q, builder.emit("Max", [squares, eps], f"{pre}::d")
     # h = #{j: d >= 2^(21 + 2j)}; d // 4^h and floor(c r / 2^h) by tables of powers
     steps = len(layernorm_rule.SHIFT_LIMITS)
     limits = _int64(builder, f"{pre}::limits", layernorm_rule.SHIFT_LIMITS)
