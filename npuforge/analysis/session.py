@@ -20,8 +20,9 @@ import onnxruntime as ort
 from ..errors import NpuforgeError
 from ..quant.calibrate import _ort_forward, as_feeds
 from ..quant.config import QuantConfig
+from ..quant.norm_spread import SliceSpread, slices_of
 from ..quant.observers import HistogramObserver, MeanObserver
-from ..quant.quantize import apply_parameters, make_plan
+from ..quant.quantize import apply_parameters, make_plan, record
 from ..sim.float_exec import execute
 
 
@@ -30,6 +31,7 @@ class _MethodView:
 
     def __init__(self, entry: "_Observed", method: str):
         self.entry, self.method = entry, method
+        self.spread = entry.spread  # a normalization input's narrowest slice (or None)
 
     def range(self, levels: int):
         return self.entry.range(self.method, levels)
@@ -39,11 +41,14 @@ class _Observed:
     def __init__(self, bins: int, percentile: float):
         self.mean = MeanObserver()
         self.hist = HistogramObserver("mse", bins, percentile)
+        self.spread = None
         self._memo: dict = {}
 
     def update(self, t) -> None:
         self.mean.update(t)
         self.hist.update(t)
+        if self.spread is not None:
+            self.spread.update(t)
 
     def range(self, method: str, levels: int):
         key = (method, levels)
@@ -67,8 +72,11 @@ class Calibration:
     def __init__(self, graph, batches, *, bins: int = 4096, percentile: float = 99.99, engine: str = "ort",
                  progress=None):
         self.graph = graph
-        names = make_plan(graph, QuantConfig()).activations
+        plan = make_plan(graph, QuantConfig())
+        names = plan.activations
         self.observed = {n: _Observed(bins, percentile) for n in names}
+        for name, (dims, centred) in slices_of(graph, plan).items():
+            self.observed[name].spread = SliceSpread(dims, centred)
 
         def observe(name, t):
             entry = self.observed.get(name)
@@ -122,14 +130,7 @@ class Calibration:
         graph = copy.deepcopy(self.graph)
         plan = make_plan(graph, config)
         wide = apply_parameters(graph, plan, self.observers(config.method, methods), config, log=lambda m: None)
-        graph.metadata["quantization"] = {
-            "config": config.to_dict(),
-            "calibration_images": self.images,
-            "calibration_seconds": round(self.seconds, 3),
-            "quantized_nodes": len(plan.kinds),
-            "float_nodes": [n.name for n, _ in plan.kept_float],
-            "int16_concats": [m.to_dict() for m in wide],
-        }
+        record(graph, config, plan, self.images, self.seconds, wide, steps={})
         if methods:
             graph.metadata["quantization"]["observer_overrides"] = dict(sorted(methods.items()))
         graph.check()

@@ -11,6 +11,7 @@ import torch
 
 from ..errors import NpuforgeError
 from ..sim.float_exec import execute
+from .norm_spread import SliceSpread
 from .observers import make_observer
 
 
@@ -52,12 +53,16 @@ def _ort_forward(graph, names: set):
 
 
 def calibrate(graph, batches: Iterable, names: set, method: str, *, bins: int = 4096, percentile: float = 99.99,
-              engine: str = "ort", progress=None) -> tuple[dict, int, float]:
+              engine: str = "ort", progress=None, slices: dict | None = None) -> tuple[dict, int, float]:
     """-> (observers by value name, images seen, seconds).
 
     ``engine``: who runs the float graph, "ort" (ONNX Runtime, fast) or
-    "npuforge" (the float executor)."""
+    "npuforge" (the float executor). ``slices`` ({value: (axes, centred)}, the
+    normalizations' inputs) gives those observers a ``spread`` as well, the
+    narrowest slice seen (npuforge/quant/norm_spread.py)."""
     observers = {name: make_observer(method, bins, percentile) for name in names}
+    for name, (dims, centred) in (slices or {}).items():
+        observers[name].spread = SliceSpread(dims, centred)
     producer = {out: n for n in graph.nodes for out in n.outputs}
     batch_index = 0
 
@@ -66,6 +71,8 @@ def calibrate(graph, batches: Iterable, names: set, method: str, *, bins: int = 
         if obs is not None:
             try:
                 obs.update(t)
+                if getattr(obs, "spread", None) is not None:
+                    obs.spread.update(t)
             except FloatingPointError:
                 node = producer.get(name)
                 where = f"node '{node.name}' ({node.op})" if node else "the graph input"

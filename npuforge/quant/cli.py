@@ -50,6 +50,10 @@ def add_quantize_parser(sub) -> None:
     p.add_argument("--concat-range-ratio", type=float, default=16.0, metavar="R",
                    help="a Concat whose inputs' ranges differ more than R times (a detector's boxes and scores) "
                         "is quantized in int16, with a warning (default 16; 0 keeps every Concat in 8 bits)")
+    p.add_argument("--norm-spread-codes", type=float, default=8.0, metavar="K",
+                   help="a LayerNormalization / InstanceNormalization / L2Normalize whose narrowest input slice "
+                        "(a ViT's class token) spreads over fewer than K steps of its 8-bit grid gets an int16 "
+                        "input, with a warning (default 8; 0 keeps 8 bits)")
     p.add_argument("--equalize", action="store_true",
                    help="cross-layer equalization before calibration: rescale consecutive Conv/Gemm layers so "
                         "their channel ranges match (helps per-tensor weights most)")
@@ -150,7 +154,7 @@ def cmd_quantize(args) -> int:
     config = QuantConfig(method=args.method, granularity=args.granularity, activation_dtype=args.activation_dtype,
                          symmetric=args.symmetric, reduce_range=args.reduce_range, int16=_names(args.int16),
                          keep_float=_names(args.keep_float), concat_range_ratio=args.concat_range_ratio,
-                         strict=args.strict, equalize=args.equalize,
+                         norm_spread_codes=args.norm_spread_codes, strict=args.strict, equalize=args.equalize,
                          tflite_multipliers=args.tflite_multipliers, ort_multipliers=args.ort_multipliers,
                          bias_correction=args.bias_correction, adaround=args.adaround,
                          adaround_iters=args.adaround_iters, adaround_bias_correction=args.adaround_bias_correction,

@@ -36,6 +36,10 @@ class QuantConfig:
         "help": "a Concat whose inputs' calibrated ranges differ more than this factor (a detector's boxes and "
                 "scores, say; the narrowest input would span fewer than 256/ratio codes of the shared 8-bit grid) "
                 "is quantized in int16, with a warning naming it; 0 keeps every Concat in the activation dtype"})
+    norm_spread_codes: float = field(default=8.0, metadata={
+        "help": "a LayerNormalization, InstanceNormalization or L2Normalize whose narrowest calibrated input slice "
+                "(a ViT's class token, a BERT row beside outlier channels) has a spread of fewer than this many "
+                "steps of its 8-bit grid gets an int16 input, with a warning naming it; 0 keeps 8 bits"})
     per_channel: list = field(default_factory=list, metadata={
         "help": "names of compute nodes whose weights get per-channel scales when granularity is per-tensor"})
     calibration_engine: str = field(default="ort", metadata={

@@ -31,6 +31,7 @@ from .adaround import adaround
 from .bias_correction import correct_bias
 from .calibrate import as_feeds, calibrate
 from .concat_ranges import mismatched_concats
+from .norm_spread import narrow_norms, slices_of
 from .config import QuantConfig
 from .equalize import equalize
 from .params import QParams, QRANGES, from_range, weight_params
@@ -49,6 +50,7 @@ class Plan:
     parent: dict = field(default_factory=dict)  # union-find over values sharing parameters
     kept_float: list = field(default_factory=list)  # (node, reason)
     copies: dict = field(default_factory=dict)  # a shared constant's copy -> the constant (unshare_constants)
+    narrow_norms: list = field(default_factory=list)  # normalizations given an int16 input (apply_parameters)
 
     def find(self, v: str) -> str:
         while self.parent.get(v, v) != v:
@@ -376,7 +378,13 @@ def apply_parameters(graph, plan: Plan, observers: dict, config: QuantConfig, lo
         log(m.message("quantized in int16 (concat_range_ratio=0 keeps 8 bits)"))
     int16 = set(config.int16) | {m.node for m in wide}
     int16 |= {c for c, original in plan.copies.items() if original in int16}  # a named constant's copies too
-    for name, p in _group_params(graph, plan, observers, config, int16).items():
+    params = _group_params(graph, plan, observers, config, int16)
+    plan.narrow_norms = narrow_norms(graph, plan, observers, params, config.norm_spread_codes)
+    if plan.narrow_norms:
+        for m in plan.narrow_norms:
+            log(m.message("its input quantized in int16 (norm_spread_codes=0 keeps 8 bits)"))
+        params = _group_params(graph, plan, observers, config, int16 | {m.value for m in plan.narrow_norms})
+    for name, p in params.items():
         graph.values[name].quant = p
     if config.tflite_multipliers:
         _fix_tflite_outputs(graph, plan)
@@ -421,7 +429,7 @@ def calibrated_plan(graph, data, config: QuantConfig, *, progress=None, log=None
         (log or (lambda m: warnings.warn(m, stacklevel=3)))(msg)
     observers, images, seconds = calibrate(graph, data, plan.activations, config.method, bins=config.bins,
                                            percentile=config.percentile, engine=config.calibration_engine,
-                                           progress=progress)
+                                           progress=progress, slices=slices_of(graph, plan))
     return plan, observers, images, seconds
 
 
@@ -435,6 +443,7 @@ def record(graph, config: QuantConfig, plan: Plan, images: int, seconds: float, 
         "quantized_nodes": len(plan.kinds),
         "float_nodes": [n.name for n, _ in plan.kept_float],
         "int16_concats": [m.to_dict() for m in wide_concats],
+        "int16_norms": [m.to_dict() for m in plan.narrow_norms],
         **{step: {k: v for k, v in report.items() if not isinstance(v, list)} for step, report in steps.items()},
     }
 
