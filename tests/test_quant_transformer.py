@@ -270,6 +270,61 @@ def test_int16_slices_past_the_int64_bound_are_refused_by_name():
         npuforge.quantize(graph, calib, {"int16": [norm.inputs[0]]}, log=lambda m: None)
 
 
+class ClassTokenNet(torch.nn.Module):
+    """A ViT's first steps: a near-zero class token concatenated before the patch tokens,
+    a position embedding, a LayerNorm."""
+
+    def __init__(self, d=32):
+        super().__init__()
+        self.embed = torch.nn.Linear(16, d)
+        self.cls = torch.nn.Parameter(torch.randn(1, 1, d) * 1e-6)
+        self.pos = torch.nn.Parameter(torch.randn(1, 9, d) * 0.02)
+        self.norm = torch.nn.LayerNorm(d)
+
+    def forward(self, x):
+        tokens = torch.cat([self.cls.expand(x.shape[0], -1, -1), self.embed(x) * 3.0], dim=1)
+        return self.norm(tokens + self.pos)
+
+
+def test_a_normalization_with_a_narrow_slice_gets_an_int16_input():
+    torch.manual_seed(0)
+    graph = _graph(ClassTokenNet(), torch.zeros(2, 8, 16))
+    rng = np.random.default_rng(0)
+    calib = [rng.standard_normal((2, 8, 16)).astype(np.float32) for _ in range(3)]
+    x = calib[0]
+    ref = graph.run({graph.inputs[0]: x})[graph.outputs[0]][:, 0]  # the class token's row
+    errors = {}
+    for codes in (0.0, 8.0):
+        messages = []
+        q = npuforge.quantize(graph, calib, {"norm_spread_codes": codes}, log=messages.append)
+        node = _node(q, "LayerNormalization")
+        narrow = [m for m in messages if "narrowest input slice" in m]
+        dtype = q.values[node.inputs[0]].quant.dtype
+        recorded = q.metadata["quantization"]["int16_norms"]
+        if codes:
+            assert len(narrow) == 1 and f"'{node.name}'" in narrow[0] and dtype == "int16"
+            assert recorded[0]["node"] == node.name and recorded[0]["codes"] < 1
+        else:
+            assert not narrow and dtype == "uint8" and recorded == []
+        fake = run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]
+        integer = IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x})[q.outputs[0]]
+        assert np.abs(integer - fake).max() <= 1.01 * float(q.values[q.outputs[0]].quant.scale)
+        errors[codes] = float(np.abs(integer[:, 0] - ref).max())
+    print(f"\nclass-token row, max |integer - float|: 8-bit input {errors[0.0]:.3f}, int16 input {errors[8.0]:.3f}")
+    assert errors[8.0] < 0.25 * errors[0.0]
+
+
+def test_slice_spread_keeps_the_narrowest_non_constant_slice():
+    from npuforge.quant.norm_spread import SliceSpread
+
+    x = torch.tensor([[[1.0, 3.0], [5.0, 5.0], [0.0, 0.5]]])  # rows: std 1, 0 (constant), 0.25
+    centred, rms = SliceSpread((2,), True), SliceSpread((2,), False)
+    for tracker in (centred, rms):
+        tracker.update(x)
+        tracker.update(x * 4)
+    assert centred.smallest == pytest.approx(0.25) and rms.smallest == pytest.approx(math.sqrt(0.125))
+
+
 def test_isqrt_is_exact_near_squares():
     from npuforge.quant.layernorm_rule import isqrt
 

@@ -64,7 +64,7 @@ def cmd_optimize(args) -> int:
             return
         delta = ", ".join(f"{op} {d:+d}" for op, d in result.delta().items()) or "no change"
         check = "" if result.max_rel_diff is None else f"; max rel diff {result.max_rel_diff:.2g}"
-        print(f"  {result.name:<22} {result.nodes_before:>5} -> {result.nodes_after:<5} nodes  {delta}  "
+        print(f"  {result.name:<24} {result.nodes_before:>5} -> {result.nodes_after:<5} nodes  {delta}  "
               f"({result.changes} rewrites{check})", flush=True)
 
     if not args.json and not args.quiet:
