@@ -218,7 +218,8 @@ def main() -> int:
         seconds = time.perf_counter() - start
         meta = q.metadata["quantization"]
         name = "npuforge int8" if not ops else f"npuforge, int16 outputs of {label} ({len(int16)} of {len(q.nodes)})"
-        print(f"{name}: {meta['quantized_nodes']} nodes quantized, {len(meta['float_nodes'])} in float", flush=True)
+        print(f"{name}: {meta['quantized_nodes']} nodes quantized, {len(meta['float_nodes'])} in float, "
+              f"{len(meta.get('int16_norms', []))} LayerNorm inputs given int16 (narrow rows)", flush=True)
         row(f"{name}: fake-quant", batched(lambda b: run_fake_quant(q, {"input_ids": b})["hidden"], evaluation),
             seconds)
         sim = IntegerSimulator(q, "fixedpoint")

@@ -721,6 +721,11 @@ def _cause(msg: str) -> str:
     return msg
 
 
+def int16_norms(rec) -> list[str]:
+    """The normalizations the quantizer gave an int16 input, from its warnings."""
+    return [m for m in rec.get("warnings", []) if "narrowest input slice" in m]
+
+
 def summary(records: list[dict]) -> str:
     n = len(records)
 
@@ -742,6 +747,8 @@ def summary(records: list[dict]) -> str:
         ("quantized (no error)", count(lambda r: ok(r, "quantize"))),
         ("quantized with no node left in float", count(lambda r: ok(r, "quantize") and not r.get("float_nodes"))),
         ("quantized with at least one int16 Concat", count(lambda r: bool(r.get("int16_concats")))),
+        ("... with at least one normalization given an int16 input (narrow slices)",
+         count(lambda r: bool(int16_norms(r)))),
         ("integer simulator ran", count(lambda r: ok(r, "integer_sim"))),
         ("integer vs fake-quant cosine >= 0.99 (every output)", sum(1 for v in ci.values()
                                                                     if v is not None and v >= 0.99)),
@@ -809,6 +816,10 @@ def summary(records: list[dict]) -> str:
     lines = ["\n### Integer simulator vs fake-quant below 0.99\n"]
     lines += [f"- {m}: {t}" for m, t in low] or ["None."]
     out += lines
+    narrow = [(r["model"], int16_norms(r)) for r in records if int16_norms(r)]
+    out.append("\n### Normalizations given an int16 input (narrowest slice under norm_spread_codes steps)\n")
+    out += [f"- {m}: {len(found)} ({_tick(_short(found[0], 200))}{', ...' if len(found) > 1 else ''})"
+            for m, found in narrow] or ["None."]
     det = [r for r in records if r.get("scores")]
     if det:
         out.append("\n### Detector score channels (output channels 4 and up) on their own\n")

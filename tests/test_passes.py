@@ -541,7 +541,8 @@ def test_a_norm_of_another_value_or_a_clip_with_a_maximum_is_not_l2_normalize():
     k = {"axes": np.array([1], np.int64), "lo": np.array(1e-6, np.float32), "hi": np.array(10.0, np.float32)}
     g = build(norm + [node("Div", ["z", "n"], ["y"])], {"x": ["N", 8], "z": ["N", 8]}, ["y"], k)
     assert "L2Normalize" not in ops(run(g, ["recognize_normalizations"]))
-    g = build(norm + [node("Clip", ["n", "lo", "hi"], ["c"]), node("Div", ["x", "c"], ["y"])], {"x": ["N", 8]}, ["y"], k)
+    g = build(norm + [node("Clip", ["n", "lo", "hi"], ["c"]), node("Div", ["x", "c"], ["y"])], {"x": ["N", 8]}, ["y"],
+              k)
     assert "L2Normalize" not in ops(run(g, ["recognize_normalizations"]))
     g = build(norm + [node("Clip", ["n", "lo"], ["c"]), node("Div", ["x", "c"], ["y"])], {"x": ["N", 8]}, ["y"], k)
     assert ops(run(g, ["recognize_normalizations"])) == ["L2Normalize"]

@@ -144,8 +144,8 @@ def layernorm_reference(q_in, g, b, eps, shift, zp, qmin, qmax, zp_in=None):
         h = sum(d >= 1 << (21 + 2 * j) for j in range(1, 21))
         r = math.isqrt((1 << 60) // (d >> (2 * h)))
         down = 30 - p // 2
-        out[idx] = [min(max(((((ci * r) >> (h + down)) * int(gi) + int(bi) + (1 << (shift - 1))) >> shift) + zp, qmin), qmax)
-                    for ci, gi, bi in zip(c, g, b)]
+        out[idx] = [min(max(((((ci * r) >> (h + down)) * int(gi) + int(bi) + (1 << (shift - 1))) >> shift) + zp,
+                            qmin), qmax) for ci, gi, bi in zip(c, g, b)]
     return out
 
 

@@ -76,7 +76,8 @@ class _Exporter:
             return QParams("int8", p.scale, p.zero_point.astype(np.int64) - 128, p.axis)
         if p.dtype != "int8":
             raise UnsupportedError(f"value '{name}' is {p.dtype}; the int8 TFLite export takes int8 and uint8 "
-                                   f"values only (leave out --int16, or set concat_range_ratio=0 and norm_spread_codes=0)")
+                                   f"values only (leave out --int16, or set concat_range_ratio=0 and "
+                                   f"norm_spread_codes=0)")
         return p
 
     def dims(self, name: str) -> tuple:
