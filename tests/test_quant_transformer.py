@@ -44,6 +44,13 @@ def _node(q, op):
     return next(n for n in q.nodes if n.op == op)
 
 
+def _output_steps_off_fake(q, x) -> float:
+    """The integer simulator's largest distance from fake-quant on the graph output, in output steps."""
+    fake = run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]
+    integer = IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x})[q.outputs[0]]
+    return float(np.abs(integer - fake).max()) / float(q.values[q.outputs[0]].quant.scale)
+
+
 def _codes(q, x, name):
     return IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x}, outputs=[name], dequantize=False)[name]
 
@@ -242,11 +249,7 @@ def test_large_slices_keep_the_normalization_precise():
     graph, q, calib, _ = _quantized(WideInstanceNet(), (2, 3, 128, 128), batches=2)
     node = _node(q, "InstanceNormalization")
     assert q.values[node.outputs[0]].quant is not None
-    x = calib[0]
-    step = float(q.values[q.outputs[0]].quant.scale)
-    fake = run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]
-    integer = IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x})[q.outputs[0]]
-    assert np.abs(integer - fake).max() <= 1.01 * step
+    assert _output_steps_off_fake(q, calib[0]) <= 1.01
 
 
 def test_slices_past_the_old_int64_bound_are_quantized():
@@ -254,11 +257,7 @@ def test_slices_past_the_old_int64_bound_are_quantized():
     summed squares of N times the centred code (N^3 * 255^2 past 2^61 from N = 32,768)."""
     graph, q, calib, messages = _quantized(WideInstanceNet(), (1, 3, 200, 200), batches=1)
     assert not any("kept in float" in m for m in messages)
-    x = calib[0]
-    step = float(q.values[q.outputs[0]].quant.scale)
-    fake = run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]
-    integer = IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x})[q.outputs[0]]
-    assert np.abs(integer - fake).max() <= 1.01 * step
+    assert _output_steps_off_fake(q, calib[0]) <= 1.01
 
 
 def test_int16_slices_past_the_int64_bound_are_refused_by_name():
