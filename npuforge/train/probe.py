@@ -37,7 +37,13 @@ def features(model, dataset, head, batch_size: int = 32) -> tuple[torch.Tensor, 
 
 
 def fit(x: torch.Tensor, y: torch.Tensor, classes: int, l2: float) -> torch.nn.Linear:
+    """L2-regularized logistic regression by L-BFGS, started from zero: the problem is convex, but
+    300 iterations do not always reach its optimum, and a random start made the result (and the
+    L2 chosen) depend on the global RNG's state (the same split scored 84.0 or 83.5)."""
     head = torch.nn.Linear(x.shape[1], classes)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.zero_()
     opt = torch.optim.LBFGS(head.parameters(), max_iter=300, line_search_fn="strong_wolfe")
 
     def closure():
