@@ -237,6 +237,20 @@ def test_fake_quant_tracks_float(small):
         assert sqnr > 25, f"{gran}: SQNR {sqnr:.1f} dB"
 
 
+def test_fake_quant_in_float64_is_the_same_program_whatever_the_batch(small):
+    _, graph, calib = small
+    q = npuforge.quantize(graph, calib, {"granularity": "per-tensor"})
+    x, out = calib[0], q.outputs[0]
+    wide = run_fake_quant(q, {q.inputs[0]: x}, precision="float64")[out]
+    one_by_one = np.concatenate([run_fake_quant(q, {q.inputs[0]: x[i:i + 1]}, precision="float64")[out]
+                                 for i in range(len(x))])
+    assert wide.dtype == np.float32 and np.array_equal(wide, one_by_one)
+    step = float(q.values[out].quant.scale)
+    assert np.abs(wide - run_fake_quant(q, {q.inputs[0]: x})[out]).max() <= 1.01 * step
+    with pytest.raises(ValueError, match="precision 'float16'"):
+        run_fake_quant(q, {q.inputs[0]: x}, precision="float16")
+
+
 def test_quantized_ir_round_trip_and_qdq_in_ort(small, tmp_path):
     _, graph, calib = small
     q = npuforge.quantize(graph, calib, {"method": "percentile"})
