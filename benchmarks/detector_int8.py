@@ -62,6 +62,8 @@ def main() -> int:
     ap.add_argument("--granularity", default="per-tensor,per-channel")
     ap.add_argument("--agree-threshold", type=float, default=0.3,
                     help="compare the integer simulator's and fake-quant's detections above this score (default 0.3)")
+    ap.add_argument("--fake-precision", choices=("float32", "float64"), default="float32",
+                    help="the fake-quant executor's kernels (float64: no float32 rounding noise)")
     ap.add_argument("--end-to-end", action="store_true",
                     help="decoding, scores and NMS in the graph (int16 box path) instead of float post-processing")
     args = ap.parse_args()
@@ -114,7 +116,7 @@ def main() -> int:
         t = time.perf_counter()
         q = npuforge.quantize(graph, calib, {"granularity": granularity, "int16": int16})
         qs = time.perf_counter() - t
-        fake, fake_kept = evaluate(lambda feeds: run_fake_quant(q, feeds))
+        fake, fake_kept = evaluate(lambda feeds: run_fake_quant(q, feeds, precision=args.fake_precision))
         sim = IntegerSimulator(q)
         integer, int_kept = evaluate(sim.run)
         same = sum(same_boxes(fake_kept[k], int_kept[k], args.agree_threshold) for k in evaluated)
