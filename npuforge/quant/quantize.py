@@ -31,9 +31,9 @@ from .adaround import adaround
 from .bias_correction import correct_bias
 from .calibrate import as_feeds, calibrate
 from .concat_ranges import mismatched_concats
-from .norm_spread import narrow_norms, slices_of
 from .config import QuantConfig
 from .equalize import equalize
+from .norm_spread import narrow_norms, slices_of
 from .params import QParams, QRANGES, from_range, weight_params
 from .ort_multipliers import match_multipliers
 from .requant import (TFLITE_ADD_LEFT_SHIFT, activation_code_bounds, requant_multiplier, tflite_add_multipliers,
