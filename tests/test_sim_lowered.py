@@ -332,6 +332,30 @@ def test_layer_and_instance_norm_lowered_in_int64(mode):
     both(g, {g.inputs[0]: x}, mode)
 
 
+class Attention(torch.nn.Module):
+    """Q K^T and its softmax times V: MatMuls of two activations, inner dimensions 8 and 6
+    (float32 accumulators) and, with ``wide``, 1100 (past 2^24 even at zero points near 128: float64)."""
+
+    def __init__(self, wide: bool = False):
+        super().__init__()
+        d = 1100 if wide else 8
+        self.q, self.k, self.v = (torch.nn.Linear(4, d) for _ in range(3))
+
+    def forward(self, x):
+        att = torch.softmax(self.q(x) @ self.k(x).transpose(-2, -1), dim=-1)
+        return att @ self.v(x)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_matmul_of_two_activations_is_lowered(mode):
+    for wide in (False, True):
+        g, x = quantized_graph(Attention(wide), (2, 6, 4))
+        lows = both(g, {g.inputs[0]: x}, mode)
+        how = [v for v in lows["float"].lowering.values() if v.startswith("matmul of activations")]
+        products = sorted("float64 product" in v for v in how)
+        assert products == ([False, False] if not wide else [False, True]), how  # attention x V: K = 6
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_softmax_lowered_in_int64(mode):
     for axis in (-1, 1):

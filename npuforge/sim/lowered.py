@@ -16,6 +16,8 @@ plain path, which stays the reference) before the graph is accepted:
   or float64, accepted only once :func:`~npuforge.sim.monotone_fit.fit` has
   proven it equal to the plain requantization on the whole accumulator range
   of every channel.
+* MatMul of two activations (attention): the codes' product, exact in float32 or
+  float64 by the bound ``K * max|a| * max|b|``, then one proven formula.
 * Add / Sub / Mul of two 8-bit values: a table of all 256 x 256 results, computed
   by the plain path itself, read with ``Gather``; of one value with a constant (or
   with itself), a table of 256 results per element of the constant.
@@ -53,7 +55,7 @@ from ..errors import NpuforgeError, UnsupportedError
 from ..export.onnx_export import _nodes_of
 from ..ops.activation import FUSED_ATTRS
 from .float_exec import check_feeds
-from .int_ops import NP_INT
+from .int_ops import NP_INT, exact_float_dtype, max_abs_code
 from ..quant.requant import multiplier_value
 from .integer import IntegerSimulator, dequantize_output, quantize_input
 from . import lowered_int64 as int64_rules
@@ -294,6 +296,43 @@ class _Builder(TableLowerings, LoweringBuilder):
             low = self.emit("Max", [t, self.const(f"{out}::lo", lo_c.astype(np.float32).reshape(shape))],
                             f"{out}::low")
             self.emit("Min", [low, self.const(f"{out}::hi", hi_c.astype(np.float32).reshape(shape))], out)
+
+    def _matmul(self, node):
+        """MatMul of two activations (attention's Q K^T and its weights times V): the codes'
+        product, exact in float32 or float64 by the bound K * max|a| * max|b|, then one
+        per-tensor requantization formula proven on [-bound, bound]."""
+        plain = self.plain
+        aq, bq = (self.activation(node, name) for name in node.inputs[:2])
+        yq = self.activation(node, node.outputs[0])
+        k = self.graph.values[node.inputs[0]].shape[-1]
+        if not isinstance(k, int):
+            self.refuse(node, f"its inner dimension {k!r} is not static")
+        bound = k * max_abs_code(aq) * max_abs_code(bq)
+        ftype = exact_float_dtype(bound)
+        if ftype is None:
+            self.refuse(node, f"accumulators up to {bound} are beyond float64's exact 2^53")
+        wide = ftype is torch.float64
+        a, b = node.inputs[:2]
+        if wide:
+            a, b = (self.emit("Cast", [v], f"{node.name}::{v}64", to=TensorProto.DOUBLE) for v in (a, b))
+        acc = self.emit("MatMul", [a, b], f"{node.name}::acc{'64' if wide else ''}")
+        product = "float64" if wide else "float32"
+        if wide and plain.rounding == "onnx":  # ONNX's rule starts from float32(acc): that rounding is its own
+            acc, wide = self.emit("Cast", [acc], f"{node.name}::acc32", to=TensorProto.FLOAT), False
+        if plain.rounding == "onnx":
+            prep = {"scale": (np.float32(aq.scale) * np.float32(bq.scale)).astype(np.float32) / np.float32(yq.scale)}
+        else:  # as IntegerSimulator._matmul: the int32-saturating fixed-point rule
+            prep = {"R": plain._R, "fits_int32": False, "M": plain._int(node, "multiplier").astype(np.int64)[:1],
+                    "S": plain._int(node, "shift").astype(np.int64)[:1]}
+        zp = int(yq.zero_point)
+        lo_c, hi_c = np.array([yq.qmin - zp]), np.array([yq.qmax - zp])
+        acc_dtype = np.float64 if wide else np.float32
+        formula = proven_formula(plain, node, prep, np.zeros(1, np.int64), np.array([-bound]), np.array([bound]),
+                                 lo_c, hi_c, acc_dtype)
+        if formula is None:
+            self.refuse(node, "no float formula proven equal to its requantization")
+        how = self._formula(node, formula, acc, lo_c, hi_c, [-1], acc_double=wide)
+        self.report[node.name] = f"matmul of activations, {product} product, {how}"
 
     def _softmax(self, node):
         self.report[node.name] = int64_rules.softmax(self, node)

@@ -251,6 +251,9 @@ class QOperatorBuilder(LoweringBuilder):
         self.emit("QLinearGlobalAveragePool", [x, *self.qparams(node, x), *self.qparams(node, node.outputs[0])],
                   node.outputs[0], "com.microsoft", channels_last=0)
 
+    def _matmul(self, node):
+        return self._in_float(node, "a MatMul of two activations: the float lowering's exact product")
+
     def _softmax(self, node):
         return self._in_float(node, "no QLinear form that computes the integer rule")
 
