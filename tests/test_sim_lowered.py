@@ -285,11 +285,11 @@ def test_reduce_sum_quantizes_as_a_pool_of_divisor_one(mode):
     both(q, {q.inputs[0]: q.values[q.inputs[0]].quant.quantize(x)}, mode)
 
 
-def quantized_graph(module, example, seed=351, config=None):
+def quantized_graph(module, example, seed=351, config=None, dynamic_batch=True):
     import npuforge
 
     torch.manual_seed(0)
-    graph = npuforge.from_torch(module.eval(), torch.zeros(*example))
+    graph = npuforge.from_torch(module.eval(), torch.zeros(*example), dynamic_batch=dynamic_batch)
     x = np.random.default_rng(seed).standard_normal((4, *example[1:])).astype(np.float32)
     q = npuforge.quantize(graph, [x], config, log=lambda m: None)
     return q, q.values[q.inputs[0]].quant.quantize(x)
@@ -354,6 +354,27 @@ def test_matmul_of_two_activations_is_lowered(mode):
         how = [v for v in lows["float"].lowering.values() if v.startswith("matmul of activations")]
         products = sorted("float64 product" in v for v in how)
         assert products == ([False, False] if not wide else [False, True]), how  # attention x V: K = 6
+
+
+class ClassToken(torch.nn.Module):
+    """A ViT's class token: a constant concatenated before the tokens, on their grid."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 3)
+        self.cls = torch.nn.Parameter(torch.randn(1, 1, 8) * 0.5)
+
+    def forward(self, x):
+        return self.head(torch.cat([self.cls.expand(x.shape[0], -1, -1), self.embed(x)], dim=1))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_concat_with_a_constant_input_is_lowered(mode):
+    g, x = quantized_graph(ClassToken(), (4, 6, 4), dynamic_batch=False)  # the Expand folds to a constant
+    concat = next(n for n in g.nodes if n.op == "Concat")
+    assert any(g.values[i].is_const for i in concat.inputs)
+    lows = both(g, {g.inputs[0]: x}, mode)
+    assert lows["float"].lowering[concat.name] == "moves codes"
 
 
 @pytest.mark.parametrize("mode", MODES)

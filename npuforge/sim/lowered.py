@@ -28,7 +28,8 @@ plain path, which stays the reference) before the graph is accepted:
 * Softmax, LayerNormalization, InstanceNormalization: their integer rules in
   ONNX Runtime's int64 arithmetic (:mod:`npuforge.sim.lowered_int64`).
 * Ops that only move codes (Reshape, Flatten, Transpose, MaxPool, Slice, Concat,
-  Pad with its value translated, ...): the op itself.
+  Pad with its value translated, ...): the op itself; a Concat's constant input
+  (a ViT's class token) as its codes.
 
 Accumulators beyond float32's exact 2^24 (long reductions: a classifier's final
 Gemm, ResNet's 3x3 convolutions over 256 channels) are held in float64 instead:
@@ -370,7 +371,13 @@ class _Builder(TableLowerings, LoweringBuilder):
     def _concat(self, node):
         yq = self.activation(node, node.outputs[0])
         for name in node.inputs:
-            if not self.activation(node, name).same_as(yq):
+            v = self.graph.values[name]
+            if v.is_const and v.quant is not None:  # a ViT's class token: its codes, as the plain path reads them
+                if not v.quant.same_as(yq):
+                    self.refuse(node, f"constant input '{name}' does not share the output's parameters")
+                codes = self.plain._get(name, {}).numpy().astype(np.int64)
+                self.const(name, (codes - yq.zero_point.astype(np.int64)).astype(np.float32))
+            elif not self.activation(node, name).same_as(yq):
                 self.refuse(node, f"input '{name}' does not share the output's parameters")
         self.nodes.extend(_nodes_of(self.graph, node))
         self.report[node.name] = "moves codes"

@@ -268,10 +268,12 @@ class QOperatorBuilder(LoweringBuilder):
         self.emit("Gather", [self.const(f"{node.name}::table", table), idx], node.outputs[0], axis=0)
 
     def _passthrough(self, node):
+        g = self.graph
         if node.op not in MOVERS:
             return self._in_float(node, "no uint8 form")
+        if node.op == "Concat" and any(g.values[n].is_const for n in node.inputs):
+            return self._in_float(node, "a constant input (the float lowering writes its codes)")
         self.codes(node, node.inputs[0])
-        g = self.graph
         for name in node.inputs[1:]:
             if name and node.op == "Concat":
                 self.codes(node, name)
