@@ -377,6 +377,27 @@ def test_concat_with_a_constant_input_is_lowered(mode):
     assert lows["float"].lowering[concat.name] == "moves codes"
 
 
+class PositionEmbedding(torch.nn.Module):
+    """An Add of 38,400 constant elements (a table of 256 per element would hold 9.8 M)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(4, 192)
+        self.pos = torch.nn.Parameter(torch.randn(1, 200, 192) * 0.5)
+
+    def forward(self, x):
+        return self.embed(x) + self.pos
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_add_of_a_large_constant_is_lowered_by_its_distinct_codes(mode):
+    g, x = quantized_graph(PositionEmbedding(), (2, 200, 4))
+    add = next(n for n in g.nodes if n.op == "Add" and n.outputs[0] in g.outputs)  # the embedding's
+    lows = both(g, {g.inputs[0]: x}, mode)
+    assert "distinct codes" in lows["float"].lowering[add.name]
+    assert not any("distinct_codes" in name for name in g.values)  # the graph is left as it was
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_softmax_lowered_in_int64(mode):
     for axis in (-1, 1):

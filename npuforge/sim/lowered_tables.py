@@ -9,6 +9,8 @@ possible sum).
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 from onnx import TensorProto
@@ -64,7 +66,7 @@ class TableLowerings:
         levels = q.qmax - q.qmin + 1
         count = int(np.prod(cshape, dtype=np.int64))
         if count * levels > MAX_TABLE:
-            self.refuse(node, f"a constant of {count} elements (table of {count * levels} entries)")
+            return self._elementwise_by_constant_code(node, k, role, q, yq)
         codes = np.arange(q.qmin, q.qmax + 1).astype(NP_INT[q.dtype]).reshape((levels,) + (1,) * len(cshape))
         out = self.plain._elementwise(node, {name: torch.from_numpy(codes)})[0].numpy().astype(np.int64)
         table = np.moveaxis(np.broadcast_to(out, (levels,) + cshape), 0, -1) - int(yq.zero_point)
@@ -74,6 +76,35 @@ class TableLowerings:
             grid = (np.arange(count, dtype=np.float32) * levels).reshape(cshape)
             index = self.emit("Add", [index, self.const(f"{node.name}::grid", grid)], f"{node.name}::ix")
         self._gather(node, index, table.reshape(-1), f"table {table.size} over one operand")
+
+    def _elementwise_by_constant_code(self, node, k: int, role: str, q, yq):
+        """A constant too large for a table per element (a position embedding) holds few
+        distinct codes: one table per distinct code over every code of the activation, the
+        plain path's results on them, read at ``code * distinct + rank of the element's code``."""
+        g, name = self.graph, node.inputs[k]
+        codes = np.asarray(self.plain._int(node, role))
+        distinct, rank = np.unique(codes, return_inverse=True)
+        levels = q.qmax - q.qmin + 1
+        if distinct.size * levels > MAX_TABLE:
+            self.refuse(node, f"a constant of {codes.size} elements and {distinct.size} distinct codes "
+                              f"(table of {distinct.size * levels} entries)")
+        held = g.unique_name(f"{node.name}::distinct_codes")  # the plain rule, on the distinct codes
+        g.add_const(held, distinct.astype(codes.dtype))
+        try:
+            probe = dataclasses.replace(node, quant={**node.quant, role: held})
+            column = np.arange(q.qmin, q.qmax + 1).astype(NP_INT[q.dtype]).reshape(levels, 1)
+            out = self.plain._elementwise(probe, {name: torch.from_numpy(column)})[0].numpy().astype(np.int64)
+        finally:
+            del g.values[held]
+        table = np.broadcast_to(out, (levels, distinct.size)) - int(yq.zero_point)
+        index = self.emit("Add", [name, self.const(f"{node.name}::off", np.float32(int(q.zero_point) - q.qmin))],
+                          f"{node.name}::code")
+        index = self.emit("Mul", [index, self.const(f"{node.name}::distinct", np.float32(distinct.size))],
+                          f"{node.name}::row")
+        ranks = self.const(f"{node.name}::rank", rank.reshape(codes.shape).astype(np.float32))
+        index = self.emit("Add", [index, ranks], f"{node.name}::ix")
+        self._gather(node, index, table.reshape(-1),
+                     f"table {table.size} over one operand and the constant's {distinct.size} distinct codes")
 
     def _pool(self, node):
         g = self.graph
