@@ -20,7 +20,8 @@ plain path, which stays the reference) before the graph is accepted:
   float64 by the bound ``K * max|a| * max|b|``, then one proven formula.
 * Add / Sub / Mul of two 8-bit values: a table of all 256 x 256 results, computed
   by the plain path itself, read with ``Gather``; of one value with a constant (or
-  with itself), a table of 256 results per element of the constant.
+  with itself), a table of 256 results per element of the constant, or, for a large
+  constant, per distinct code of it.
 * GlobalAveragePool / ReduceMean: an exact ``ReduceSum``, then a table over every
   possible sum (again computed by the plain path); AveragePool: exact window sums
   (explicit Pad, a depthwise Conv of ones), then one such table per window count.

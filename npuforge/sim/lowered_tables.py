@@ -3,7 +3,7 @@ builder): every output the plain simulator computes from one 8-bit code, a pair 
 codes or an exact sum is read from a table the plain simulator itself filled, with
 ``Gather`` at an exact integer index. Add / Sub / Mul of two activations (all
 256 x 256 results), of one with a constant or itself (256 per element of the
-constant), lookup ops, and the pools (one table per window count over every
+constant, or per distinct code of a large one), lookup ops, and the pools (one table per window count over every
 possible sum).
 """
 
