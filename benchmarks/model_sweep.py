@@ -883,6 +883,7 @@ def main(argv=None) -> int:
             if rev:
                 env["npuforge_git"] = f"{rev} (git archive, --rev {args.rev})"
             records = []
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             start = time.perf_counter()
             for i, name in enumerate(names, 1):
                 rec = run_one(name, args.timeout, Path(tmp))
@@ -897,6 +898,7 @@ def main(argv=None) -> int:
     print()
     print(text)
     if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         header = "Environment: " + ", ".join(f"{k} {v}" for k, v in env.items()) + "\n\n"
         Path(args.markdown).write_text(header + text + "\n")
     return 0
