@@ -70,6 +70,17 @@ def test_training_lowers_the_loss_and_writes_its_records(tmp_path, folder):
     assert result["history"][-1]["val_total"] == 6  # 2 of each class's 8 held out
 
 
+def test_steps_stop_at_the_step_count_with_the_schedule_spanning_them(tmp_path, folder):
+    """18 training images in batches of 4: 4 steps an epoch, so 6 steps are 2 epochs, the
+    second cut after 2 steps, and the cosine schedule reaches zero at step 6."""
+    result = train(config(tmp_path, folder, steps=6, epochs=1), log=quiet, progress=False)
+    assert [r["epoch"] for r in result["history"]] == [1, 2]
+    assert result["history"][-1]["lr"] == 0.0
+    assert result["history"][0]["lr"] > 0.0
+    state = torch.load(tmp_path / "run" / "last.pt", map_location="cpu", weights_only=False)
+    assert state["progress"]["global_step"] == 6
+
+
 def _weights(path: Path) -> dict:
     state = torch.load(path, map_location="cpu", weights_only=False)
     return {**{f"m.{k}": v for k, v in state["model"].items()}, **{f"e.{k}": v for k, v in state["ema"].items()}}

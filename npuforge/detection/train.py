@@ -316,8 +316,8 @@ def config_from_args(args, pretrained: bool) -> DetectionConfig:
                                 f"random flips), leave it out")
     return DetectionConfig(
         model=args.name, data=args.data, output=args.output, val=args.val, val_split=args.val_split,
-        pretrained=pretrained, num_classes=args.num_classes, epochs=args.epochs, batch_size=args.batch_size,
-        lr=args.lr, lr_base=args.lr_base, optimizer=args.optimizer, weight_decay=args.weight_decay,
+        pretrained=pretrained, num_classes=args.num_classes, epochs=args.epochs, steps=args.steps,
+        batch_size=args.batch_size, lr=args.lr, lr_base=args.lr_base, optimizer=args.optimizer, weight_decay=args.weight_decay,
         warmup_epochs=args.warmup_epochs, ema=args.ema, amp=args.amp, clip_grad=args.clip_grad, seed=args.seed,
         workers=args.workers, max_bad_steps=args.max_bad_steps, keep=args.keep, sync_bn=args.sync_bn,
         freeze_bn=args.freeze_bn, save_every=args.save_every, resume=args.resume, image_size=args.image_size,

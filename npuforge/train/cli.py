@@ -48,7 +48,11 @@ def add_train_parser(sub) -> None:
                         "of another class count is re-initialised, and the log says so")
     p.add_argument("--num-classes", type=positive_int, metavar="N", help="must equal the folder's class count "
                    "(a detector's: the annotation file's category count; the default)")
-    p.add_argument("--epochs", type=positive_int, default=10, metavar="N", help="default 10")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--epochs", type=positive_int, default=10, metavar="N", help="default 10")
+    length.add_argument("--steps", type=positive_int, default=0, metavar="N",
+                        help="train N optimizer steps instead: the epochs they need, the last one cut short "
+                             "(the schedule spans the N steps)")
     p.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="images per process and step "
                    "(default 32)")
     lr = p.add_mutually_exclusive_group()
@@ -132,7 +136,7 @@ def cmd_train(args) -> int:
     args.label_smoothing = 0.1 if args.label_smoothing is None else args.label_smoothing
     args.crop_scale = 0.08 if args.crop_scale is None else args.crop_scale
     cfg = TrainConfig(model=args.name, data=args.data, output=args.output, val=args.val, val_split=args.val_split,
-                      pretrained=pretrained, num_classes=args.num_classes, epochs=args.epochs,
+                      pretrained=pretrained, num_classes=args.num_classes, epochs=args.epochs, steps=args.steps,
                       batch_size=args.batch_size, lr=args.lr, lr_base=args.lr_base, optimizer=args.optimizer,
                       weight_decay=args.weight_decay, warmup_epochs=args.warmup_epochs,
                       label_smoothing=args.label_smoothing, crop_scale=args.crop_scale, ema=args.ema, amp=args.amp,

@@ -42,6 +42,7 @@ class TrainConfig:
     pretrained: bool = True
     num_classes: int | None = None  # default: the folder's
     epochs: int = 10
+    steps: int = 0  # optimizer steps in all; 0: --epochs whole epochs (else the epochs they need, the last cut short)
     batch_size: int = 32  # per process
     lr: float | None = None  # default: lr_base x global batch / 256
     lr_base: float = 0.1
@@ -76,7 +77,7 @@ class TrainConfig:
             if getattr(self, name) < 1:
                 raise NpuforgeError(f"--{name.replace('_', '-')} {getattr(self, name)}: give a positive number")
         for name in ("weight_decay", "warmup_epochs", "ema", "clip_grad", "mixup", "cutmix", "label_smoothing",
-                     "workers", "save_every", "trainable_layers"):
+                     "workers", "save_every", "trainable_layers", "steps"):
             if getattr(self, name) < 0:
                 raise NpuforgeError(f"--{name.replace('_', '-')} {getattr(self, name)}: give a value >= 0")
         if self.ema >= 1:
@@ -202,6 +203,8 @@ class Trainer:
         if self.plan.steps_per_epoch == 0:
             raise NpuforgeError(f"{cfg.data}: {len(train)} training images are fewer than one batch of "
                                 f"{cfg.batch_size} x {d.world} process(es); lower --batch-size")
+        if cfg.steps:  # the epochs the steps need; the last one stops at the step count
+            cfg.epochs = -(-cfg.steps // self.plan.steps_per_epoch)
         self.preprocess = self.preprocessing()
         self.train_set, self.val_set = self.sample_sets(train, val)
         model = self.make_model(n, train)
@@ -227,7 +230,7 @@ class Trainer:
         groups = _param_groups(model, cfg.weight_decay)
         self.opt = torch.optim.SGD(groups, lr=self.lr, momentum=cfg.momentum, nesterov=cfg.momentum > 0) \
             if cfg.optimizer == "sgd" else torch.optim.AdamW(groups, lr=self.lr)
-        total = cfg.epochs * self.plan.steps_per_epoch
+        total = cfg.steps or cfg.epochs * self.plan.steps_per_epoch
         warmup = int(round(cfg.warmup_epochs * self.plan.steps_per_epoch))
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, _schedule(total, warmup))
         self.ema = _EMA(model, cfg.ema) if cfg.ema else None
@@ -346,7 +349,7 @@ class Trainer:
             raise NpuforgeError(f"--resume: {path} does not exist; start without --resume")
         state = ckpt.load(path)
         saved = state.get("config", {})
-        for key in ("model", "batch_size", "seed", "epochs", "optimizer"):
+        for key in ("model", "batch_size", "seed", "epochs", "steps", "optimizer"):
             if key in saved and saved[key] != getattr(self.cfg, key):
                 raise NpuforgeError(f"--resume: {path} was trained with {key}={saved[key]!r}, this run has "
                                     f"{getattr(self.cfg, key)!r}; resume with the same settings")
@@ -384,12 +387,13 @@ class Trainer:
         for m in self.frozen_norms:  # a frozen layer's statistics stay those of its weights
             m.eval()
         start = self.state["step"]
-        batches = list(self.plan.batches(epoch, d.rank, start))
+        steps = self.steps_in(epoch)
+        batches = list(self.plan.batches(epoch, d.rank, start))[:steps - start]
         bar = None
         if self.progress and d.main:
             from tqdm import tqdm
 
-            bar = tqdm(total=self.plan.steps_per_epoch, initial=start, desc=f"epoch {epoch + 1}/{cfg.epochs}",
+            bar = tqdm(total=steps, initial=start, desc=f"epoch {epoch + 1}/{cfg.epochs}",
                        unit="step", leave=False)
         t0 = time.perf_counter()
         self.state.setdefault("epoch_loss", 0.0)
@@ -439,7 +443,7 @@ class Trainer:
                 rate = (step + 1 - start) * cfg.batch_size * d.world / (time.perf_counter() - t0)
                 bar.set_postfix(loss=f"{float(loss):.3f}", lr=f"{self.sched.get_last_lr()[0]:.2e}", img_s=f"{rate:.1f}")
                 bar.update(1)
-            last = step + 1 == self.plan.steps_per_epoch
+            last = step + 1 == steps
             if not last and ((cfg.save_every and (step + 1) % cfg.save_every == 0) or self.stop_requested or
                              stop_after_step == self.state["global_step"]):
                 self._checkpoint("last.pt")
@@ -452,10 +456,15 @@ class Trainer:
         part_sums = self.state.pop("epoch_parts", {})
         names = sorted(part_sums)  # the same names on every process (the same loss)
         totals = d.sum([self.state.pop("epoch_loss"), self.state.pop("epoch_seen"), *(part_sums[k] for k in names)])
-        done = (self.plan.steps_per_epoch - start) * cfg.batch_size * d.world
+        done = (steps - start) * cfg.batch_size * d.world
         return {"train_loss": totals[0] / max(totals[1], 1),
                 **{f"train_{k}": v / max(totals[1], 1) for k, v in zip(names, totals[2:])},
                 "images_per_s": done / (time.perf_counter() - t0)}
+
+    def steps_in(self, epoch: int) -> int:
+        """The steps of this epoch: all of them, but for ``--steps``' last epoch."""
+        per = self.plan.steps_per_epoch
+        return min(per, self.cfg.steps - epoch * per) if self.cfg.steps else per
 
     @torch.no_grad()
     def evaluate(self) -> dict:
