@@ -251,6 +251,22 @@ def test_fake_quant_in_float64_is_the_same_program_whatever_the_batch(small):
         run_fake_quant(q, {q.inputs[0]: x}, precision="float16")
 
 
+def test_fake_quant_in_float64_quantizes_the_input_as_the_integer_program_does(small):
+    """Float32 pixels at half-steps of the input grid: the float32 division (QuantizeLinear,
+    the integer simulator's input) and a float64 one round some of them to other codes; the
+    float64 executor takes the float32 codes."""
+    _, graph, calib = small
+    q = npuforge.quantize(graph, calib, {"granularity": "per-tensor"})
+    name = q.inputs[0]
+    p = q.values[name].quant
+    s, zp = np.float32(p.scale), int(p.zero_point)
+    k = np.arange(calib[0].size) % (p.qmax - p.qmin) + p.qmin - zp  # every code of the grid
+    x = ((k + 0.5).astype(np.float32) * s).astype(np.float32).reshape(calib[0].shape)
+    assert not np.array_equal(np.rint(x / s), np.rint(x.astype(np.float64) / np.float64(s)))  # the ties part
+    wide = run_fake_quant(q, {name: x}, outputs=[name], precision="float64")[name]
+    assert np.array_equal(wide, p.dequantize(p.quantize(x)))
+
+
 def test_quantized_ir_round_trip_and_qdq_in_ort(small, tmp_path):
     _, graph, calib = small
     q = npuforge.quantize(graph, calib, {"method": "percentile"})

@@ -84,13 +84,15 @@ class QParams:
         z = self._broadcast(self.zero_point, q.ndim)
         return np.asarray((q.astype(np.int64) - z) * s.astype(np.float64), dtype=np.float32)
 
-    def dequantize_torch(self, q: torch.Tensor) -> torch.Tensor:
+    def dequantize_torch(self, q: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """:meth:`dequantize` on a torch tensor of codes, in float32: the same numbers, since
         ``q - zp`` is an integer below 2^24 and one float32 product of two float32 numbers is
-        correctly rounded, as the float64 product rounded to float32 is."""
-        s = torch.from_numpy(self._broadcast(self.scale, q.dim()).astype(np.float32))
-        z = torch.from_numpy(self._broadcast(self.zero_point.astype(np.float32), q.dim()))
-        return (q.to(torch.float32) - z).mul_(s)
+        correctly rounded, as the float64 product rounded to float32 is (``dtype=torch.float64``:
+        that product unrounded)."""
+        np_dtype = np.float64 if dtype == torch.float64 else np.float32
+        s = torch.from_numpy(self._broadcast(self.scale, q.dim()).astype(np_dtype))
+        z = torch.from_numpy(self._broadcast(self.zero_point.astype(np_dtype), q.dim()))
+        return (q.to(dtype) - z).mul_(s)
 
     # torch: used by the fake-quant executor on activations
     def fake_quant(self, x: torch.Tensor) -> torch.Tensor:

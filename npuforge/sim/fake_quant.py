@@ -9,7 +9,14 @@ on a per-tensor MobileNetV2 QAT program, whose layers amplify one code into up t
 14 logit steps, the same 200 photos in batches of 25 and of 1 disagreed on 15
 top-1s (ONNX Runtime's QDQ run: on none). In float64 every code is the rounding of
 the QDQ graph's exact value but for boundary cases 2^29 times rarer, whatever the
-batch; it takes about twice as long.
+batch; it takes about twice as long. The graph's inputs are the exception: they are
+float32 images, quantized in float32 as the integer program's host does (QuantizeLinear),
+then carried on in float64; dividing them by the scale in float64 instead moved whole
+pixel values across a code boundary. Quantized constants (weights, biases) are likewise
+dequantized in float64: dequantized in float32, a weight's rounding (up to 2^-24 of it)
+moved sums within that of a half-step to the other code (263 of 3.2 million codes of a
+per-tensor MobileNetV2's first depthwise convolution on 8 photos, uniform patches whose
+exact value is 69.5000008 steps; the integer simulator rounds them up, as the exact value).
 """
 
 from __future__ import annotations
@@ -27,19 +34,25 @@ def run_fake_quant(graph, feeds: dict, outputs: list[str] | None = None, *, prec
         raise ValueError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     wide = precision == "float64"
     quantized = {name: v.quant for name, v in graph.values.items() if v.quant is not None and not v.is_const}
+    inputs = set(graph.inputs)
 
     def widen(t: torch.Tensor) -> torch.Tensor:
         return t.to(torch.float64) if wide and t.is_floating_point() else t
 
     def value_hook(name: str, t: torch.Tensor) -> torch.Tensor:
         p = quantized.get(name)
+        if p is not None and wide and name in inputs:  # the codes of float32 QuantizeLinear, in float64
+            return p.dequantize_torch(torch.from_numpy(p.quantize(t.numpy())), torch.float64)
         t = widen(t)
         return p.fake_quant(t) if p is not None else t
 
     def const_hook(value, t: torch.Tensor) -> torch.Tensor:
         if value.quant is None:
             return widen(t)
-        return widen(torch.from_numpy(value.quant.dequantize(value.quant.quantize(value.data))))
+        codes = value.quant.quantize(value.data)
+        if wide:  # not through float32: a weight's rounding there moved sums across code boundaries
+            return value.quant.dequantize_torch(torch.from_numpy(codes), torch.float64)
+        return torch.from_numpy(value.quant.dequantize(codes))
 
     if wide:
         feeds = {k: np.asarray(v, np.float64) if np.asarray(v).dtype.kind == "f" else v for k, v in feeds.items()}
