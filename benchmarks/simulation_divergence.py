@@ -10,7 +10,10 @@ prints each engine's top-1 on a folder of labelled images, their pairwise top-1
 agreement and largest logit difference, and each float32 simulation against itself run
 in batches of 25 and of 1.
 
-    .venv/bin/python benchmarks/simulation_divergence.py PROGRAM.nfir --data DIR [--images 200]
+    .venv/bin/python benchmarks/simulation_divergence.py PROGRAM.nfir --data DIR [--images 200] [--trace 8]
+
+``--trace N`` also compares the integer simulator's codes with float64 fake-quant's, node by
+node, on the first N images: where the first codes part, and how far each node carries them.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ def main() -> int:
     ap.add_argument("program", type=Path, help="a quantized IR (quantize's or qat's output)")
     ap.add_argument("--data", required=True, type=Path, help="labelled images (class subfolders or wnid names)")
     ap.add_argument("--images", type=int, default=200)
+    ap.add_argument("--trace", type=int, default=0, metavar="N",
+                    help="also compare integer and float64 fake-quant codes node by node on the first N images")
     args = ap.parse_args()
     q = npuforge.load(args.program)
     ds = ImageDataset(args.data)
@@ -78,7 +83,33 @@ def main() -> int:
             print(f"| {a} / {b} | {agreement(logits[a], logits[b])} |")
     for k in ("fake-quant, float32", "QDQ in ORT"):
         print(f"| {k}: batches of 25 / of 1 | {agreement(logits[k], run(k, 1))} |")
+    if args.trace:
+        trace(q, sim, x[:args.trace])
     return 0
+
+
+def trace(q, sim, x) -> None:
+    """Each node whose output codes differ between the integer simulator and float64
+    fake-quant (re-quantized to the value's grid), with how many of its input codes differ."""
+    names = [o for n in q.nodes for o in n.outputs if o and q.values[o].quant is not None]
+    feeds = {q.inputs[0]: x}
+    ints = sim.run(feeds, outputs=names, dequantize=False)
+    fake = run_fake_quant(q, feeds, outputs=names, precision="float64")
+    differ = {}
+    for name in names:
+        a = np.asarray(ints[name]).astype(np.int64)
+        b = np.asarray(q.values[name].quant.quantize(np.asarray(fake[name], np.float64))).astype(np.int64)
+        differ[name] = (int((a != b).sum()), a.size, int(np.abs(a - b).max()))
+    print(f"\n{len(x)} images, integer vs float64 fake-quant codes, the nodes where they differ:")
+    print("| node | op | input codes that differ | output codes that differ | of | largest (steps) |")
+    print("|---|---|---:|---:|---:|---:|")
+    for node in q.nodes:
+        out = node.outputs[0] if node.outputs else None
+        if out not in differ:
+            continue
+        inputs = sum(differ[i][0] for i in node.inputs if i in differ)
+        if differ[out][0] or inputs:
+            print(f"| {node.name} | {node.op} | {inputs} | {differ[out][0]} | {differ[out][1]} | {differ[out][2]} |")
 
 
 if __name__ == "__main__":
