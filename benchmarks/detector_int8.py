@@ -15,12 +15,19 @@ post-processing. Reported: mAP@[.5:.95] and mAP@0.5 (pycocotools), and the share
 on which the integer simulator keeps fake-quant's boxes scoring --agree-threshold or more
 (same count and labels, IoU >= 0.99 each). ``--end-to-end`` appends the post-processing
 (:mod:`npuforge.detection.postprocess`) and quantizes its box path in int16, as the graph
-records; the integer simulator then runs NMS on codes too.
+records; the integer simulator then runs NMS on codes too. Two more agreements tell where
+the images that differ part, end to end:
+
+* the fake-quant executor in float32 against itself in float64: two float simulations of
+  the one program, the noise floor of any comparison with fake-quant;
+* the post-processing alone (decode, scores, NMS), integer against fake-quant, both fed the
+  integer simulator's head codes of each image: what the integer post-processing adds.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import tempfile
 import time
@@ -50,6 +57,18 @@ def same_boxes(a, b, threshold: float) -> bool:
     if len(a[0]) != len(b[0]):
         return False
     return len(a[0]) == 0 or bool((box_iou(a[0], b[0]).diagonal() >= 0.99).all() and torch.equal(a[2], b[2]))
+
+
+def postprocess_only(q, heads: list):
+    """The quantized detector from its head rows on: ``heads`` its inputs, the network gone."""
+    post = copy.deepcopy(q)
+    needed, nodes = set(post.outputs), []
+    for node in reversed(post.nodes):
+        if any(o in needed for o in node.outputs if o) and not any(o in heads for o in node.outputs):
+            nodes.append(node)
+            needed.update(i for i in node.inputs if i)
+    post.nodes, post.inputs = nodes[::-1], list(heads)
+    return post
 
 
 def main() -> int:
@@ -91,14 +110,17 @@ def main() -> int:
         postprocess_graph(graph, model, **thresholds)
         int16 = graph.metadata["detector"]["int16"]
 
+    def kept_of(out) -> tuple:
+        return tuple(torch.from_numpy(np.asarray(t)) for t in detections(
+            out, graph.metadata["detector"]["kind"], size, thresholds["max_detections"])[0])
+
     def evaluate(run) -> tuple[dict, dict]:
         found, kept = {}, {}
         for k in evaluated:
             x, target, _ = images[(0, k)]
             out = run({graph.inputs[0]: x[None]})
             if args.end_to_end:
-                boxes, scores, labels = (torch.from_numpy(np.asarray(t)) for t in detections(
-                    out, graph.metadata["detector"]["kind"], size, thresholds["max_detections"])[0])
+                boxes, scores, labels = kept_of(out)
             else:
                 rows = tuple(torch.from_numpy(np.asarray(out[n], np.float32)) for n in graph.outputs)
                 boxes, scores, labels = model.detect(rows, image_size=size, **thresholds)[0]
@@ -107,6 +129,25 @@ def main() -> int:
             found[samples[k][3]] = ((boxes * torch.tensor([sx, sy, sx, sy])).numpy(), scores.numpy(),
                                     np.asarray([ids[int(c)] for c in labels]))
         return coco_map(subset, found), kept
+
+    floors = []
+
+    def where_they_part(q, sim, fake_kept) -> tuple[int, int]:
+        """(images on which fake-quant in the other precision keeps fake-quant's detections,
+        images on which the post-processing alone agrees on the integer simulator's head codes)."""
+        other = "float64" if args.fake_precision == "float32" else "float32"
+        _, other_kept = evaluate(lambda feeds: run_fake_quant(q, feeds, precision=other))
+        heads = list(model.output_names)
+        post = postprocess_only(q, heads)
+        post_sim = IntegerSimulator(post)
+        alone = 0
+        for k in evaluated:
+            codes = sim.run({graph.inputs[0]: images[(0, k)][0][None]}, outputs=heads, dequantize=False)
+            as_int = post_sim.run(codes)
+            as_fake = run_fake_quant(post, {h: q.values[h].quant.dequantize(codes[h]) for h in heads},
+                                     precision=args.fake_precision)
+            alone += same_boxes(kept_of(as_fake), kept_of(as_int), args.agree_threshold)
+        return sum(same_boxes(fake_kept[k], other_kept[k], args.agree_threshold) for k in evaluated), alone
 
     rows = []
     t = time.perf_counter()
@@ -122,6 +163,9 @@ def main() -> int:
         same = sum(same_boxes(fake_kept[k], int_kept[k], args.agree_threshold) for k in evaluated)
         rows.append((f"int8 {granularity}, fake-quant", fake, None, qs))
         rows.append((f"int8 {granularity}, integer simulator", integer, same, time.perf_counter() - t))
+        if args.end_to_end:
+            floors.append((granularity, *where_they_part(q, sim, fake_kept)))
+
     print(f"{state['model_name']}: {len(evaluated)} evaluation images, {args.num_calib} calibration, "
           f"input {size[0]}x{size[1]}, {'post-processing in the graph' if args.end_to_end else 'float post-processing'}"
           f" ({thresholds})")
@@ -130,6 +174,12 @@ def main() -> int:
     for name, m, same, s in rows:
         agree = "" if same is None else f"{same}/{len(evaluated)}"
         print(f"| {name} | {m['map']:.4f} | {m['map50']:.4f} | {agree} | {s:.0f} |", flush=True)
+    if floors:
+        other = "float64" if args.fake_precision == "float32" else "float32"
+        print(f"\n| granularity | fake-quant {args.fake_precision} = {other} | post-processing alone on the integer "
+              f"simulator's head codes: integer = fake-quant |\n|---|---:|---:|")
+        for granularity, floor, alone in floors:
+            print(f"| {granularity} | {floor}/{len(evaluated)} | {alone}/{len(evaluated)} |")
     return 0
 
 
