@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 import torch.nn.functional as F
 
 from ..errors import NpuforgeError
