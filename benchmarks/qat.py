@@ -74,6 +74,7 @@ def main() -> int:
     ap.add_argument("--start", choices=("ptq", "equalize-bias-correction"), default="equalize-bias-correction",
                     help="QAT's starting point (default: the equalized, bias-corrected weights)")
     ap.add_argument("--adaround", action="store_true", help="also PTQ with AdaRound (minutes)")
+    ap.add_argument("--learn-scales", action="store_true", help="QAT learns the activation scales too (LSQ)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
@@ -110,7 +111,7 @@ def main() -> int:
         cfg = QATConfig(model=name, data=str(train_dir), output=str(work / f"{name}-run"), result=str(out),
                         quant={"granularity": args.granularity, **start}, epochs=args.epochs, batch_size=args.batch_size,
                         lr=args.lr, val_split=0.0, num_calib=100, seed=args.seed, workers=2, label_smoothing=0.0,
-                        crop_scale=0.5)
+                        crop_scale=0.5, learn_scales=args.learn_scales)
         t = time.perf_counter()
         qat(cfg, graph, log=lambda m: print(f"  {m}", flush=True), progress=False)
         row["qat_s"] = round(time.perf_counter() - t, 1)
@@ -120,7 +121,8 @@ def main() -> int:
         # the QAT model's own evaluation forward, from its last checkpoint
         from npuforge.qat import QATProgram
 
-        program = QATProgram(graph, calibration(train_dir, pp, 100), {"granularity": args.granularity, **start})
+        program = QATProgram(graph, calibration(train_dir, pp, 100), {"granularity": args.granularity, **start},
+                             learn_scales=args.learn_scales)
         program.load_state_dict(torch.load(work / f"{name}-run" / "last.pt", weights_only=True)["model"])
         with torch.no_grad():
             _, own = top1(lambda x: program(torch.from_numpy(x)).numpy(), test_dir, pp)

@@ -131,6 +131,61 @@ def test_a_saturating_output_passes_no_gradient():
     torch.testing.assert_close(program.weights[0].grad, w.grad)
 
 
+def test_learnt_scales_get_lsq_gradients_and_the_program_follows_them():
+    """learn_scales: the gradient of sum(y) by t = log s of a convolution's output group is
+    LSQ's by s (the sum of q - zp - x / s inside the grid and of q - zp where it saturates,
+    times 1 / sqrt(N Qp)) divided by s;
+    a moved scale is the program's scale, and the forward is still the integer simulator."""
+    torch.manual_seed(0)
+    graph = optimize(npuforge.from_torch(torch.nn.Conv2d(3, 4, 3).eval(), torch.zeros(1, 3, 16, 16)))[0]
+    program = QATProgram(graph, calibration(), {"granularity": "per-tensor"}, learn_scales=True)
+    assert len(program.groups) == 1  # the output; the input keeps its grid
+    x = torch.from_numpy(calibration(3)[0] * 3)  # many outputs saturate: both branches count
+    program(x).sum().backward()
+    q = program.quantized()
+    conv = q.nodes[0]
+    xp, yp, wp, bp = (q.values[n].quant for n in (conv.inputs[0], conv.outputs[0], conv.inputs[1], conv.inputs[2]))
+    codes = IntegerSimulator(q).run({q.inputs[0]: x.numpy()}, dequantize=False)[q.outputs[0]].astype(np.float64)
+    w = wp.dequantize(wp.quantize(q.values[conv.inputs[1]].data)).astype(np.float64)
+    b = bp.dequantize(bp.quantize(q.values[conv.inputs[2]].data)).astype(np.float64)
+    xq = xp.dequantize(xp.quantize(x.numpy())).astype(np.float64)
+    approx = torch.nn.functional.conv2d(torch.from_numpy(xq), torch.from_numpy(w), torch.from_numpy(b)).numpy()
+    s, zp = float(yp.scale), float(yp.zero_point)
+    inside = (codes > yp.qmin) & (codes < yp.qmax)
+    assert 0.1 < inside.mean() < 0.9
+    per = np.where(inside, codes - zp - approx / s, codes - zp)
+    expected = per.sum() / (s * np.sqrt(codes[0].size * (yp.qmax - zp)))  # LSQ's step for s, relative to s
+    assert float(program.log_scales.grad[0]) == pytest.approx(expected, rel=1e-4)
+    with torch.no_grad():
+        program.log_scales.fill_(0.1)
+    moved = program.quantized()
+    assert float(moved.values[conv.outputs[0]].quant.scale) == pytest.approx(s * np.exp(0.1), rel=1e-6)
+    with torch.enable_grad():
+        y = program(x)
+    np.testing.assert_array_equal(y.detach().numpy(), IntegerSimulator(moved).run({moved.inputs[0]: x.numpy()})[
+        moved.outputs[0]])
+
+
+def test_learnt_scales_train_and_write_their_program(tmp_path):
+    """Every group of the stack gets a gradient; a few steps move the scales, and the IR
+    written evaluates as the QAT forward does."""
+    program = QATProgram(float_graph(), calibration(), {"granularity": "per-tensor"}, learn_scales=True)
+    x = torch.from_numpy(calibration(2)[0])
+    target = program.teacher(x).argmax(1)
+    opt = torch.optim.SGD(program.parameters(), lr=0.05)
+    for _ in range(3):
+        loss = torch.nn.functional.cross_entropy(program(x), (target + 1) % 5)
+        opt.zero_grad()
+        loss.backward()
+        assert torch.isfinite(program.log_scales.grad).all() and int((program.log_scales.grad != 0).sum()) >= 4
+        opt.step()
+    assert float(program.log_scales.detach().abs().min()) > 0
+    q = program.quantized()
+    with torch.no_grad():
+        np.testing.assert_array_equal(program(x).numpy(), IntegerSimulator(q).run({q.inputs[0]: x.numpy()})[
+            q.outputs[0]])
+
+
 def qat_config(root: Path, data, **kw) -> QATConfig:
     base = dict(model="stack", data=str(data), output=str(root / "run"), result=str(root / "q.nfir"), epochs=2,
                 batch_size=4, lr=0.02, workers=0, val_split=0.25, num_calib=8, label_smoothing=0.0,

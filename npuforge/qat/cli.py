@@ -42,6 +42,8 @@ def add_qat_parser(sub) -> None:
     p.add_argument("--labels", action="store_true",
                    help="train on the folder's labels (class subfolders or <wnid>_name files) instead of "
                         "distilling the float model")
+    p.add_argument("--learn-scales", action="store_true",
+                   help="learn the activation scales too (LSQ), starting from the calibration's")
     p.add_argument("--temperature", type=positive_float, default=1.0, metavar="T",
                    help="distillation temperature (default 1)")
     p.add_argument("--val-split", type=non_negative, default=0.2, metavar="F",
@@ -76,7 +78,8 @@ def cmd_qat(args) -> int:
              "bias_correction": args.bias_correction}
     run_dir = args.run_dir or str(Path(args.output).with_suffix(".qat"))
     cfg = QATConfig(model=args.model, data=args.data, output=run_dir, result=args.output, quant=quant,
-                    labels=args.labels, temperature=args.temperature, num_calib=args.num_calib,
+                    labels=args.labels, learn_scales=args.learn_scales, temperature=args.temperature,
+                    num_calib=args.num_calib,
                     val_split=args.val_split, epochs=args.epochs, steps=args.steps, batch_size=args.batch_size,
                     lr=args.lr, optimizer=args.optimizer, weight_decay=args.weight_decay, crop_scale=args.crop_scale,
                     label_smoothing=0.0, seed=args.seed, workers=args.workers, save_every=args.save_every,
@@ -91,6 +94,6 @@ def cmd_qat(args) -> int:
         print(json.dumps({**result, "result": args.output}, indent=2, default=str))
     elif not result.get("stopped"):
         metric = "" if result["best_top1"] is None else f"validation top-1 {result['best_top1']:.2f} % "
-        print(f"{metric}(epoch {result['best_epoch']} of {len(result['history'])}); wrote {args.output}, checkpoints in "
-              f"{run_dir}")
+        print(f"{metric}(epoch {result['best_epoch']} of {len(result['history'])}); wrote {args.output}, "
+              f"checkpoints in {run_dir}")
     return 0

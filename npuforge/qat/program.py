@@ -16,8 +16,14 @@ twice over the same inputs:
 
 The value passed on is ``y_float + (dequantize(y_int) - y_float).detach()``. BatchNorm is
 folded into the convolutions by the optimizer before any of this, with the model's own
-epsilon, so its statistics are frozen from the start. Activation scales stay those of
-the PTQ calibration; weight scales follow the weights.
+epsilon, so its statistics are frozen from the start. Weight scales follow the weights.
+Activation scales are those of the PTQ calibration, or with ``learn_scales`` learnt as in
+LSQ (Esser et al., 2020): each sharing group's calibrated range times ``exp(t)``, ``t``
+trained by LSQ's step: the gradient of a rounded value by its scale (``q - zp - x / s``
+inside the grid, ``q - zp`` where it saturates) times ``1 / sqrt(elements x positive codes)``
+is LSQ's for ``s``, and ``t`` moves by that step relative to ``s`` (its gradient is LSQ's
+divided by ``s``, not the chain rule's ``s`` times it: with that, scales near 0.02 moved
+by a millionth in a run).
 """
 
 from __future__ import annotations
@@ -34,6 +40,37 @@ from ..quant.config import QuantConfig
 from ..quant.quantize import apply_parameters, calibrated_plan, record
 from ..sim.float_exec import check_feeds, execute, last_uses
 from ..sim.integer import IntegerSimulator, quantize_input
+
+
+class _Scaled:
+    """An observer whose range is the calibrated one times ``factor`` (a learnt scale)."""
+
+    def __init__(self, base, factor: float):
+        self.base, self.factor = base, factor
+
+    def range(self, levels: int) -> tuple[float, float]:
+        lo, hi = self.base.range(levels)
+        return lo * self.factor, hi * self.factor
+
+    def __getattr__(self, name):  # what else the quantizer reads (slice spreads): the calibration's
+        return getattr(self.base, name)
+
+
+class _LearntScale(torch.autograd.Function):
+    """Forward: the exact value. Backward: as :class:`_StraightThrough` for the input, and
+    LSQ's gradient for the scale ``s`` (a tensor whose value is the grid's scale)."""
+
+    @staticmethod
+    def forward(ctx, approx, exact, inside, codes, s, weight):
+        ctx.save_for_backward(approx, inside, codes, s)
+        ctx.weight = weight
+        return exact
+
+    @staticmethod
+    def backward(ctx, grad):
+        approx, inside, codes, s = ctx.saved_tensors
+        by_scale = torch.where(inside, codes - approx / s.detach(), codes)
+        return grad * inside, None, None, None, (grad * by_scale).sum().reshape(s.shape) * ctx.weight, None
 
 
 class _StraightThrough(torch.autograd.Function):
@@ -71,7 +108,7 @@ class QATProgram(torch.nn.Module):
     quantized IR of the current weights; ``teacher(x)`` -> the float graph's outputs."""
 
     def __init__(self, graph, data, config: QuantConfig | dict | None = None, rounding: str = "fixedpoint",
-                 log=None, progress=None):
+                 log=None, progress=None, learn_scales: bool = False):
         super().__init__()
         config = config if isinstance(config, QuantConfig) else QuantConfig.from_dict(dict(config or {}))
         unsupported = [k for k in ("adaround", "ort_multipliers") if getattr(config, k)]
@@ -102,6 +139,13 @@ class QATProgram(torch.nn.Module):
         self.weights = torch.nn.ParameterList(
             [torch.nn.Parameter(torch.from_numpy(np.array(self.template.values[n].data, np.float32)))
              for n in self.names])
+        # the sharing groups of activations whose scale is learnt: none of their members a
+        # graph input or a constant (those keep the calibration's grid)
+        plan = self.plan
+        fixed = {plan.find(n) for n in set(self.template.inputs) | plan.constants}
+        self.groups = sorted({plan.find(n) for n in plan.activations} - fixed) if learn_scales else []
+        self.group_of = {g: k for k, g in enumerate(self.groups)}
+        self.log_scales = torch.nn.Parameter(torch.zeros(len(self.groups)))  # exp(t): the range's factor
         self._cache = None  # (weight versions, quantized graph)
 
     def _correct_biases(self, data) -> None:
@@ -123,13 +167,18 @@ class QATProgram(torch.nn.Module):
         """The quantized IR of the current weights: the float graph with them, quantized with
         the calibrated ranges as ``npuforge quantize`` would (the same integers decision).
         Cached until a weight changes."""
-        versions = tuple(w._version for w in self.weights)
+        versions = tuple(w._version for w in self.weights) + (self.log_scales._version,)
         if self._cache is not None and self._cache[0] == versions and log is None:
             return self._cache[1]
         memo = {id(self.template.values[n].data): w.detach().cpu().numpy().copy()
                 for n, w in zip(self.names, self.weights)}
         graph = copy.deepcopy(self.template, memo)
-        wide = apply_parameters(graph, self.plan, self.observers, self.config, log or (lambda m: None))
+        observers = self.observers
+        if self.groups:
+            factors = torch.exp(self.log_scales.detach()).tolist()
+            observers = {n: _Scaled(o, factors[self.group_of[self.plan.find(n)]])
+                         if self.plan.find(n) in self.group_of else o for n, o in observers.items()}
+        wide = apply_parameters(graph, self.plan, observers, self.config, log or (lambda m: None))
         record(graph, self.config, self.plan, self.images, self.seconds, wide, {})
         self._cache = (versions, graph)
         return graph
@@ -157,6 +206,8 @@ class QATProgram(torch.nn.Module):
         ints = {name: codes}
         floats = {name: p.dequantize_torch(codes)}
         last_use, keep = last_uses(graph), set(graph.outputs)
+        factors = torch.exp(self.log_scales)  # exp(t) / exp(t).detach(): value 1, gradient d/dt
+        factors = factors / factors.detach()
 
         def operand(value_name):
             if not value_name:
@@ -182,7 +233,16 @@ class QATProgram(torch.nn.Module):
                     continue
                 ints[out] = yi
                 q = values[out].quant
-                if not yi.dtype.is_floating_point and q is not None:
+                group = self.group_of.get(self.plan.find(out)) if self.groups else None
+                if not yi.dtype.is_floating_point and q is not None and group is not None:
+                    inside = (yi > q.qmin) & (yi < q.qmax)
+                    codes = yi.to(torch.float32) - float(q.zero_point)
+                    # LSQ's step on s, taken on t = log s: dL/dt = s dL/ds, so 1 / s^2 more
+                    positive = max(q.qmax - int(q.zero_point), 1)
+                    weight = 1.0 / (np.sqrt(yi[0].numel() * positive) * float(q.scale) ** 2)
+                    s = float(q.scale) * factors[group]
+                    floats[out] = _LearntScale.apply(yf, q.dequantize_torch(yi), inside, codes, s, weight)
+                elif not yi.dtype.is_floating_point and q is not None:
                     inside = (yi > q.qmin) & (yi < q.qmax)  # no gradient where it saturates
                     floats[out] = _StraightThrough.apply(yf, q.dequantize_torch(yi), inside)
                 elif yi.dtype.is_floating_point and yf.dtype.is_floating_point:

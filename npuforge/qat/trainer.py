@@ -33,6 +33,7 @@ class QATConfig(TrainConfig):
     temperature: float = 1.0  # of the distillation
     num_calib: int = 100  # calibration images (the first training images, in file order)
     rounding: str = "fixedpoint"
+    learn_scales: bool = False  # LSQ: activation scales learnt too (npuforge.qat.program)
 
     def __post_init__(self):
         super().__post_init__()
@@ -108,10 +109,13 @@ class QATTrainer(Trainer):
                 if len(x):
                     yield x.numpy()
 
-        self.program = QATProgram(self.graph, batches(), self.cfg.quant, rounding=cfg.rounding, log=self.log)
+        self.program = QATProgram(self.graph, batches(), self.cfg.quant, rounding=cfg.rounding, log=self.log,
+                                  learn_scales=cfg.learn_scales)
         self.log(f"calibrated on {self.program.images} images; starting from {self.program.start}; training {len(self.program.names)} weight and "
                  f"bias tensors of {sum(w.numel() for w in self.program.weights)} values "
-                 f"({self.program.config.granularity} weights)")
+                 f"({self.program.config.granularity} weights)"
+                 + (f"; learning the scales of {len(self.program.groups)} activation groups" if cfg.learn_scales
+                    else ""))
         return self.program
 
     def loss(self, logits, x, y, target):
@@ -140,6 +144,7 @@ class QATTrainer(Trainer):
             "training_images": len(self.train_set), "validation_images": len(self.val_set),
             "target": "labels" if self.cfg.labels else f"distillation (temperature {self.cfg.temperature:g})",
             "lr": self.lr, "rounding": self.cfg.rounding, "start": self.program.start,
+            "learnt_scales": len(self.program.groups),
             "val_top1": history[best - 1].get("val_top1"),
         }
         result = Path(self.cfg.result)
