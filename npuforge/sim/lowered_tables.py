@@ -81,21 +81,19 @@ class TableLowerings:
         """A constant too large for a table per element (a position embedding) holds few
         distinct codes: one table per distinct code over every code of the activation, the
         plain path's results on them, read at ``code * distinct + rank of the element's code``."""
-        g, name = self.graph, node.inputs[k]
+        name = node.inputs[k]
         codes = np.asarray(self.plain._int(node, role))
         distinct, rank = np.unique(codes, return_inverse=True)
         levels = q.qmax - q.qmin + 1
         if distinct.size * levels > MAX_TABLE:
             self.refuse(node, f"a constant of {codes.size} elements and {distinct.size} distinct codes "
                               f"(table of {distinct.size * levels} entries)")
-        held = g.unique_name(f"{node.name}::distinct_codes")  # the plain rule, on the distinct codes
-        g.add_const(held, distinct.astype(codes.dtype))
-        try:
-            probe = dataclasses.replace(node, quant={**node.quant, role: held})
-            column = np.arange(q.qmin, q.qmax + 1).astype(NP_INT[q.dtype]).reshape(levels, 1)
-            out = self.plain._elementwise(probe, {name: torch.from_numpy(column)})[0].numpy().astype(np.int64)
-        finally:
-            del g.values[held]
+        # the plain rule on the distinct codes: given as the constant operand's codes, which the
+        # rule reads from its inputs once the node's stored copy (``role``) is out of the way
+        probe = dataclasses.replace(node, quant={r: v for r, v in node.quant.items() if r != role})
+        column = np.arange(q.qmin, q.qmax + 1).astype(NP_INT[q.dtype]).reshape(levels, 1)
+        feeds = {name: torch.from_numpy(column), node.inputs[1 - k]: torch.from_numpy(distinct.astype(codes.dtype))}
+        out = self.plain._elementwise(probe, feeds)[0].numpy().astype(np.int64)
         table = np.broadcast_to(out, (levels, distinct.size)) - int(yq.zero_point)
         index = self.emit("Add", [name, self.const(f"{node.name}::off", np.float32(int(q.zero_point) - q.qmin))],
                           f"{node.name}::code")
