@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .float_exec import execute
+from .integer import quantize_input
 
 PRECISIONS = ("float32", "float64")
 
@@ -41,8 +42,8 @@ def run_fake_quant(graph, feeds: dict, outputs: list[str] | None = None, *, prec
 
     def value_hook(name: str, t: torch.Tensor) -> torch.Tensor:
         p = quantized.get(name)
-        if p is not None and wide and name in inputs:  # the codes of float32 QuantizeLinear, in float64
-            return p.dequantize_torch(torch.from_numpy(p.quantize(t.numpy())), torch.float64)
+        if p is not None and wide and name in inputs:  # the integer program's input codes, in float64
+            return p.dequantize_torch(torch.from_numpy(quantize_input(t.numpy(), p)), torch.float64)
         t = widen(t)
         return p.fake_quant(t) if p is not None else t
 
