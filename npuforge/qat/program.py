@@ -233,18 +233,18 @@ class QATProgram(torch.nn.Module):
                     continue
                 ints[out] = yi
                 q = values[out].quant
-                group = self.group_of.get(self.plan.find(out)) if self.groups else None
-                if not yi.dtype.is_floating_point and q is not None and group is not None:
-                    inside = (yi > q.qmin) & (yi < q.qmax)
-                    codes = yi.to(torch.float32) - float(q.zero_point)
-                    # LSQ's step on s, taken on t = log s: dL/dt = s dL/ds, so 1 / s^2 more
-                    positive = max(q.qmax - int(q.zero_point), 1)
-                    weight = 1.0 / (np.sqrt(yi[0].numel() * positive) * float(q.scale) ** 2)
-                    s = float(q.scale) * factors[group]
-                    floats[out] = _LearntScale.apply(yf, q.dequantize_torch(yi), inside, codes, s, weight)
-                elif not yi.dtype.is_floating_point and q is not None:
+                if not yi.dtype.is_floating_point and q is not None:
                     inside = (yi > q.qmin) & (yi < q.qmax)  # no gradient where it saturates
-                    floats[out] = _StraightThrough.apply(yf, q.dequantize_torch(yi), inside)
+                    group = self.group_of.get(self.plan.find(out))
+                    if group is None:
+                        floats[out] = _StraightThrough.apply(yf, q.dequantize_torch(yi), inside)
+                    else:
+                        codes = yi.to(torch.float32) - float(q.zero_point)
+                        # LSQ's step on s, taken on t = log s: dL/dt = s dL/ds, so 1 / s^2 more
+                        positive = max(q.qmax - int(q.zero_point), 1)
+                        weight = 1.0 / (np.sqrt(yi[0].numel() * positive) * float(q.scale) ** 2)
+                        s = float(q.scale) * factors[group]
+                        floats[out] = _LearntScale.apply(yf, q.dequantize_torch(yi), inside, codes, s, weight)
                 elif yi.dtype.is_floating_point and yf.dtype.is_floating_point:
                     floats[out] = yf + (yi - yf).detach()
                 else:
