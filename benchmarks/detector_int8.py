@@ -132,17 +132,18 @@ def main() -> int:
 
     floors = []
 
-    def where_they_part(q, sim, fake_kept) -> tuple[int, int]:
+    heads = list(model.output_names) if args.end_to_end else []
+
+    def where_they_part(q, head_codes: list, fake_kept) -> tuple[int, int]:
         """(images on which fake-quant in the other precision keeps fake-quant's detections,
-        images on which the post-processing alone agrees on the integer simulator's head codes)."""
+        images on which the post-processing alone agrees on the integer simulator's head codes,
+        ``head_codes`` in the order of the evaluation images)."""
         other = "float64" if args.fake_precision == "float32" else "float32"
         _, other_kept = evaluate(lambda feeds: run_fake_quant(q, feeds, precision=other))
-        heads = list(model.output_names)
         post = postprocess_only(q, heads)
         post_sim = IntegerSimulator(post)
         alone = 0
-        for k in evaluated:
-            codes = sim.run({graph.inputs[0]: images[(0, k)][0][None]}, outputs=heads, dequantize=False)
+        for codes in head_codes:
             as_int = post_sim.run(codes)
             as_fake = run_fake_quant(post, {h: q.values[h].quant.dequantize(codes[h]) for h in heads},
                                      precision=args.fake_precision)
@@ -158,13 +159,19 @@ def main() -> int:
         q = npuforge.quantize(graph, calib, {"granularity": granularity, "int16": int16})
         qs = time.perf_counter() - t
         fake, fake_kept = evaluate(lambda feeds: run_fake_quant(q, feeds, precision=args.fake_precision))
-        sim = IntegerSimulator(q)
-        integer, int_kept = evaluate(sim.run)
+        sim, head_codes = IntegerSimulator(q), []
+
+        def integer_run(feeds):  # keeps each image's head codes too (exact: codes -> floats -> codes)
+            out = sim.run(feeds, outputs=[*graph.outputs, *heads])
+            head_codes.append({h: q.values[h].quant.quantize(out[h]) for h in heads})
+            return out
+
+        integer, int_kept = evaluate(integer_run)
         same = sum(same_boxes(fake_kept[k], int_kept[k], args.agree_threshold) for k in evaluated)
         rows.append((f"int8 {granularity}, fake-quant", fake, None, qs))
         rows.append((f"int8 {granularity}, integer simulator", integer, same, time.perf_counter() - t))
         if args.end_to_end:
-            floors.append((granularity, *where_they_part(q, sim, fake_kept)))
+            floors.append((granularity, *where_they_part(q, head_codes, fake_kept)))
 
     print(f"{state['model_name']}: {len(evaluated)} evaluation images, {args.num_calib} calibration, "
           f"input {size[0]}x{size[1]}, {'post-processing in the graph' if args.end_to_end else 'float post-processing'}"
