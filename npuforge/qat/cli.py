@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..quant.config import ACTIVATION_DTYPES, GRANULARITIES
 from ..argtypes import non_negative, positive_float, positive_int
+from ..train.cli import add_length_options
 
 
 def add_qat_parser(sub) -> None:
@@ -48,11 +49,7 @@ def add_qat_parser(sub) -> None:
                    help="distillation temperature (default 1)")
     p.add_argument("--val-split", type=non_negative, default=0.2, metavar="F",
                    help="fraction held out for validation (default 0.2; 0: none, the last epoch is written)")
-    length = p.add_mutually_exclusive_group()
-    length.add_argument("--epochs", type=positive_int, default=3, metavar="N", help="default 3")
-    length.add_argument("--steps", type=positive_int, default=0, metavar="N",
-                        help="train N optimizer steps instead: the epochs they need, the last one cut short "
-                             "(the schedule spans the N steps)")
+    add_length_options(p, default_epochs=3)
     p.add_argument("--batch-size", type=positive_int, default=16, metavar="N", help="images per step (default 16)")
     p.add_argument("--lr", type=positive_float, default=1e-4, metavar="LR", help="learning rate (default 1e-4)")
     p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="default sgd (Nesterov, momentum 0.9)")
@@ -79,11 +76,10 @@ def cmd_qat(args) -> int:
     run_dir = args.run_dir or str(Path(args.output).with_suffix(".qat"))
     cfg = QATConfig(model=args.model, data=args.data, output=run_dir, result=args.output, quant=quant,
                     labels=args.labels, learn_scales=args.learn_scales, temperature=args.temperature,
-                    num_calib=args.num_calib,
-                    val_split=args.val_split, epochs=args.epochs, steps=args.steps, batch_size=args.batch_size,
-                    lr=args.lr, optimizer=args.optimizer, weight_decay=args.weight_decay, crop_scale=args.crop_scale,
-                    label_smoothing=0.0, seed=args.seed, workers=args.workers, save_every=args.save_every,
-                    resume=args.resume)
+                    num_calib=args.num_calib, val_split=args.val_split, epochs=args.epochs, steps=args.steps,
+                    batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer, weight_decay=args.weight_decay,
+                    crop_scale=args.crop_scale, label_smoothing=0.0, seed=args.seed, workers=args.workers,
+                    save_every=args.save_every, resume=args.resume)
     from ..cli import parse_input_shapes
 
     graph = prepare_graph(args.model, log, input_shapes=parse_input_shapes(args.input_shape))

@@ -12,6 +12,16 @@ from ..argtypes import non_negative, positive_float, positive_int
 from ..errors import NpuforgeError
 
 
+def add_length_options(p, default_epochs: int) -> None:
+    """--epochs N or --steps N (the training loop's ``epochs`` / ``steps``), one or the other."""
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--epochs", type=positive_int, default=default_epochs, metavar="N",
+                        help=f"default {default_epochs}")
+    length.add_argument("--steps", type=positive_int, default=0, metavar="N",
+                        help="train N optimizer steps instead: the epochs they need, the last one cut short "
+                             "(the schedule spans the N steps)")
+
+
 def add_train_parser(sub) -> None:
     p = sub.add_parser(
         "train", help="train or fine-tune a zoo model on a folder of images, or a detector on COCO boxes (one "
@@ -48,11 +58,7 @@ def add_train_parser(sub) -> None:
                         "of another class count is re-initialised, and the log says so")
     p.add_argument("--num-classes", type=positive_int, metavar="N", help="must equal the folder's class count "
                    "(a detector's: the annotation file's category count; the default)")
-    length = p.add_mutually_exclusive_group()
-    length.add_argument("--epochs", type=positive_int, default=10, metavar="N", help="default 10")
-    length.add_argument("--steps", type=positive_int, default=0, metavar="N",
-                        help="train N optimizer steps instead: the epochs they need, the last one cut short "
-                             "(the schedule spans the N steps)")
+    add_length_options(p, default_epochs=10)
     p.add_argument("--batch-size", type=positive_int, default=32, metavar="N", help="images per process and step "
                    "(default 32)")
     lr = p.add_mutually_exclusive_group()
