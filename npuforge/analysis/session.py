@@ -20,7 +20,7 @@ import onnxruntime as ort
 from ..errors import NpuforgeError
 from ..quant.calibrate import _ort_forward, as_feeds
 from ..quant.config import QuantConfig
-from ..quant.norm_spread import SliceSpread, slices_of
+from ..quant.norm_spread import slices_of, track_spreads
 from ..quant.observers import HistogramObserver, MeanObserver
 from ..quant.quantize import apply_parameters, make_plan, record
 from ..sim.float_exec import execute
@@ -75,8 +75,7 @@ class Calibration:
         plan = make_plan(graph, QuantConfig())
         names = plan.activations
         self.observed = {n: _Observed(bins, percentile) for n in names}
-        for name, (dims, centred) in slices_of(graph, plan).items():
-            self.observed[name].spread = SliceSpread(dims, centred)
+        track_spreads(self.observed, slices_of(graph, plan))
 
         def observe(name, t):
             entry = self.observed.get(name)

@@ -11,7 +11,7 @@ import torch
 
 from ..errors import NpuforgeError
 from ..sim.float_exec import execute
-from .norm_spread import SliceSpread
+from .norm_spread import track_spreads
 from .observers import make_observer
 
 
@@ -61,8 +61,7 @@ def calibrate(graph, batches: Iterable, names: set, method: str, *, bins: int = 
     normalizations' inputs) gives those observers a ``spread`` as well, the
     narrowest slice seen (npuforge/quant/norm_spread.py)."""
     observers = {name: make_observer(method, bins, percentile) for name in names}
-    for name, (dims, centred) in (slices or {}).items():
-        observers[name].spread = SliceSpread(dims, centred)
+    track_spreads(observers, slices or {})
     producer = {out: n for n in graph.nodes for out in n.outputs}
     batch_index = 0
 

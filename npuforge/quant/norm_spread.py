@@ -51,6 +51,13 @@ def slices_of(graph, plan) -> dict:
     return found
 
 
+def track_spreads(observers: dict, slices: dict) -> None:
+    """Give the observers of ``slices``' values (:func:`slices_of`) a ``spread`` each, the
+    narrowest slice they will see."""
+    for name, (dims, centred) in slices.items():
+        observers[name].spread = SliceSpread(dims, centred)
+
+
 @dataclass
 class NarrowNorm:
     node: str
