@@ -209,7 +209,8 @@ def test_training_on_labels_lowers_the_loss_and_writes_the_program_it_evaluated(
     from npuforge.train.data import SampleSet, collate, eval_batches, split_samples
     from npuforge.workflow import transform_of
 
-    trainer_val = result["history"][result["best_epoch"] - 1]
+    best = result["best_epoch"]
+    trainer_val = result["history"][best - 1] if best else result["start"]
     samples = [(str(p), ["blue", "green", "red"].index(p.parent.name)) for p in sorted(data.rglob("*.png"))]
     _, val = split_samples(samples, 0.25, 0)
     images = SampleSet(val, transform_of(PREPROCESS), 0, train=False)
@@ -245,6 +246,48 @@ def test_an_unlabelled_folder_trains_by_distillation(tmp_path):
     assert all(r["val_total"] == 3 for r in result["history"])  # agreement with the float model's top-1
     with pytest.raises(NpuforgeError, match="--labels: .* has no labels"):
         qat(qat_config(tmp_path, flat, labels=True), float_graph(), log=quiet, progress=False)
+
+
+def test_distillation_ranks_epochs_by_validation_kl_and_keeps_the_start_when_every_epoch_drifts(tmp_path):
+    """Epochs rank by the integer program's KL divergence from the float model on the
+    validation images (lower first), the PTQ start among them as epoch 0; with a learning
+    rate that wrecks the weights, the program written is the start's."""
+    data = make_folder(tmp_path / "data", per_class=8)
+    graph = float_graph(classes=3)
+    result = qat(qat_config(tmp_path, data, lr=50.0), graph, log=quiet, progress=False)
+    kls = [result["start"]["val_kl"]] + [r["val_kl"] for r in result["history"]]
+    assert all(kl >= 0 for kl in kls) and min(kls[1:]) > kls[0], kls
+    assert result["best_epoch"] == 0 and result["best_kl"] == kls[0]
+    q = npuforge.load(tmp_path / "q.nfir")
+    assert q.metadata["qat"]["best_epoch"] == 0 and q.metadata["qat"]["val_kl"] == kls[0]
+    # the written weights are those QAT started from, not the last epoch's
+    from npuforge.train import checkpoint as ckpt
+
+    def trained(state):
+        return [state[f"weights.{k}"].numpy() for k in range(sum(k.startswith("weights.") for k in state))]
+
+    start, last = (trained(ckpt.load(tmp_path / "run" / f)["model"]) for f in ("epoch_000.pt", "last.pt"))
+    written = [np.asarray(q.values[n.inputs[k]].data) for n in q.nodes if "weight" in n.quant
+               for k in (1, 2) if len(n.inputs) > k and n.inputs[k]]
+    assert len(written) == len(start)
+    assert all(np.array_equal(w, s0) for w, s0 in zip(written, start))
+    assert not all(np.array_equal(w, s1) for w, s1 in zip(written, last))
+
+
+def test_distillation_holds_out_images_of_a_folder_with_one_image_per_class(tmp_path):
+    """ImageNet-style data (a class of one image each) still gets its validation images when
+    the labels are not what QAT trains on; a split per class would keep none."""
+    rng = np.random.default_rng(0)
+    for k in range(12):
+        (tmp_path / "data" / f"class{k:02d}").mkdir(parents=True)
+        Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(tmp_path / "data" / f"class{k:02d}" / "a.png")
+    result = qat(qat_config(tmp_path, tmp_path / "data", epochs=1), float_graph(classes=12), log=quiet, progress=False)
+    assert result["start"]["val_total"] == 3 and result["history"][0]["val_total"] == 3
+    # --val DIR: all of its images validate, all of --data trains
+    val = make_folder(tmp_path / "val", per_class=2)
+    result = qat(qat_config(tmp_path / "second", tmp_path / "data", epochs=1, val=str(val)), float_graph(classes=12),
+                 log=quiet, progress=False)
+    assert result["start"]["val_total"] == 6 and result["history"][0]["val_total"] == 6
 
 
 def test_bad_inputs_get_one_line_errors(tmp_path, capsys):

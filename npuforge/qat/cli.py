@@ -47,8 +47,11 @@ def add_qat_parser(sub) -> None:
                    help="learn the activation scales too (LSQ), starting from the calibration's")
     p.add_argument("--temperature", type=positive_float, default=1.0, metavar="T",
                    help="distillation temperature (default 1)")
+    p.add_argument("--val", metavar="DIR", help="validation images (default: a seeded --val-split of --data)")
     p.add_argument("--val-split", type=non_negative, default=0.2, metavar="F",
-                   help="fraction held out for validation (default 0.2; 0: none, the last epoch is written)")
+                   help="fraction held out for validation (default 0.2; 0: none, the last epoch is written). "
+                        "Epochs, and the PTQ program QAT starts from, rank by the integer program's KL divergence "
+                        "from the float model on them (by top-1 with --labels); the best is written")
     add_length_options(p, default_epochs=3)
     p.add_argument("--batch-size", type=positive_int, default=16, metavar="N", help="images per step (default 16)")
     p.add_argument("--lr", type=positive_float, default=1e-4, metavar="LR", help="learning rate (default 1e-4)")
@@ -76,8 +79,9 @@ def cmd_qat(args) -> int:
     run_dir = args.run_dir or str(Path(args.output).with_suffix(".qat"))
     cfg = QATConfig(model=args.model, data=args.data, output=run_dir, result=args.output, quant=quant,
                     labels=args.labels, learn_scales=args.learn_scales, temperature=args.temperature,
-                    num_calib=args.num_calib, val_split=args.val_split, epochs=args.epochs, steps=args.steps,
-                    batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer, weight_decay=args.weight_decay,
+                    num_calib=args.num_calib, val=args.val, val_split=args.val_split, epochs=args.epochs,
+                    steps=args.steps, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
+                    weight_decay=args.weight_decay,
                     crop_scale=args.crop_scale, label_smoothing=0.0, seed=args.seed, workers=args.workers,
                     save_every=args.save_every, resume=args.resume)
     from ..cli import parse_input_shapes
@@ -89,7 +93,9 @@ def cmd_qat(args) -> int:
     if args.json:
         print(json.dumps({**result, "result": args.output}, indent=2, default=str))
     elif not result.get("stopped"):
-        metric = "" if result["best_top1"] is None else f"validation top-1 {result['best_top1']:.2f} % "
-        print(f"{metric}(epoch {result['best_epoch']} of {len(result['history'])}); wrote {args.output}, "
-              f"checkpoints in {run_dir}")
+        best = result.get("best_kl", result.get("best_top1"))
+        metric = "" if best is None else (f"validation KL to the float model {best:.4f} " if "best_kl" in result
+                                          else f"validation top-1 {best:.2f} % ")
+        which = f"epoch {result['best_epoch']}" if result["best_epoch"] else "the PTQ start"
+        print(f"{metric}({which} of {len(result['history'])} epochs); wrote {args.output}, checkpoints in {run_dir}")
     return 0

@@ -5,9 +5,13 @@ with its progress bar, checkpoints, exact resume, NaN guard and torchrun support
 The target is the float model's output (distillation: KL divergence of the softened
 distributions, so a folder of unlabelled images is enough) or, with ``labels``, the
 folder's labels. Validation counts top-1 against the labels where the folder has them,
-else agreement with the float model's top-1. The result, the quantized IR of the best
-epoch's weights, is written at ``result`` with the float model's preprocessing and class
-table and a ``qat`` record.
+else agreement with the float model's top-1, and reports the integer program's KL
+divergence from the float model (``val_kl``). Epochs rank by what the training fits: the
+validation KL when distilling (a continuous figure: top-1 on a few dozen images moves by
+whole images), top-1 with ``labels``. The PTQ program QAT starts from ranks too, as epoch
+0, so a run whose epochs all drift from the float model writes its start. The result, the
+quantized IR of the best epoch's weights, is written at ``result`` with the float model's
+preprocessing and class table and a ``qat`` record.
 """
 
 from __future__ import annotations
@@ -56,37 +60,64 @@ def _images(root: Path) -> list[Path]:
 
 
 class QATTrainer(Trainer):
+    rank_start = True  # the PTQ start is a candidate: QAT never writes a program worse on validation
+
     def __init__(self, cfg: QATConfig, graph, log=print, progress: bool = True):
         super().__init__(cfg, log, progress)
         self.graph = graph  # the optimized float graph
         self.labelled = False
+        if not cfg.labels:
+            self.metric, self.higher_is_better = "val_kl", False
+
+    def _samples(self, folder: str, table, width) -> tuple[list, list | None]:
+        """(the folder's images as (path, label) samples, its class names), labels 0 and names
+        None where it has no labels of this model's width."""
+        from ..zoo.data import ImageDataset
+
+        files = _images(Path(folder))
+        try:
+            ds = ImageDataset(folder, table)
+            labels = {str(p): label for p, label in ds.samples}
+            names = list(ds.classes)
+        except NpuforgeError:  # no labels this model knows: distillation only
+            labels, names = {}, None
+        if not (labels and len(labels) == len(files) and (width is None or len(names) == width)):
+            labels, names = {}, None
+        return [(str(p), labels.get(str(p), 0)) for p in files], names
 
     def datasets(self):
         from ..train.data import split_samples
-        from ..zoo.data import ClassTable, ImageDataset
+        from ..zoo.data import ClassTable
 
         cfg, graph = self.cfg, self.graph
         outputs = graph.values[graph.outputs[0]].shape
         width = outputs[-1] if outputs and isinstance(outputs[-1], int) else None
         table = graph.metadata.get("class_table")
         table = ClassTable(tuple(table["wnids"]), tuple(table["names"]), source="the model") if table else None
-        files = _images(Path(cfg.data))
-        try:
-            ds = ImageDataset(cfg.data, table)
-            labels = {str(p): label for p, label in ds.samples}
-            names = list(ds.classes)
-        except NpuforgeError:  # no labels this model knows: distillation only
-            labels, names = {}, None
-        self.labelled = bool(labels) and len(labels) == len(files) and (width is None or len(names) == width)
+        # without labels every image is class 0: distillation never reads it, validation asks the float model
+        samples, names = self._samples(cfg.data, table, width)
+        val, val_names = self._samples(cfg.val, table, width) if cfg.val else ([], names)
+        self.labelled = names is not None and val_names == names
+        for folder, folder_names in ((cfg.data, names), (cfg.val, val_names)):
+            if cfg.labels and folder and folder_names is None:
+                raise NpuforgeError(f"--labels: {folder} has no labels for this model's {width} classes (class "
+                                    f"subfolders or <wnid>_name files of its class table); drop --labels to "
+                                    f"distil the float model")
         if cfg.labels and not self.labelled:
-            raise NpuforgeError(f"--labels: {cfg.data} has no labels for this model's {width} classes (class "
-                                f"subfolders or <wnid>_name files of its class table); drop --labels to distil "
-                                f"the float model")
+            raise NpuforgeError(f"--labels: {cfg.val} (--val) has other classes than {cfg.data}; give both the "
+                                f"same class subfolders")
         self.classes = names if self.labelled else [str(k) for k in range(width or 1)]
         self.class_ids = list(self.classes)
-        # without labels every image is class 0: distillation never reads it, validation asks the float model
-        samples = [(str(p), labels[str(p)] if self.labelled else 0) for p in files]
-        train, val = (samples, []) if cfg.val_split == 0 else split_samples(samples, cfg.val_split, cfg.seed)
+        if not self.labelled:
+            samples, val = [(p, 0) for p, _ in samples], [(p, 0) for p, _ in val]
+        if cfg.val or cfg.val_split == 0:
+            train = samples
+        elif cfg.labels:  # a split per class
+            train, val = split_samples(samples, cfg.val_split, cfg.seed)
+        else:  # the labels are not trained on: one split over all images (a class of one image keeps none)
+            label = dict(samples)
+            train, val = ([(p, label[p]) for p, _ in part]
+                          for part in split_samples([(p, 0) for p, _ in samples], cfg.val_split, cfg.seed))
         self.log(f"{len(train)} training and {len(val)} validation images; "
                  + ("labels from the folder" if self.labelled else "no labels: validation counts agreement "
                     "with the float model's top-1")
@@ -128,6 +159,17 @@ class QATTrainer(Trainer):
     def eval_labels(self, x, y):
         return y if self.labelled else self.program.teacher(x).argmax(1)
 
+    def eval_terms(self, logits, x, y) -> dict:
+        """The KL divergence of the program's output distribution from the float model's
+        (temperature 1), summed over the batch."""
+        teacher = F.log_softmax(self.program.teacher(x).double(), dim=1)
+        kl = F.kl_div(F.log_softmax(logits.double(), dim=1), teacher, log_target=True, reduction="sum")
+        return {"kl": float(kl)}
+
+    def describe(self, record: dict) -> str:
+        return super().describe(record) + (f", KL to the float model {record['val_kl']:.4f}"
+                                           if "val_kl" in record else "")
+
     def payload(self) -> dict:
         return {"format": FORMAT, "model_name": self.cfg.model, "model_kwargs": {}}
 
@@ -139,18 +181,22 @@ class QATTrainer(Trainer):
         self.program.load_state_dict(state["model"])
         graph = self.program.quantized(log=self.log)
         history = self.state["history"]
+        chosen = history[best - 1] if best else self.state["start"]
+        if not best:
+            self.log(f"no epoch scored better on validation than the {self.program.start} program QAT started "
+                     f"from: writing that")
         graph.metadata["qat"] = {
             "source": self.cfg.model, "epochs": self.cfg.epochs, "best_epoch": best,
             "training_images": len(self.train_set), "validation_images": len(self.val_set),
             "target": "labels" if self.cfg.labels else f"distillation (temperature {self.cfg.temperature:g})",
             "lr": self.lr, "rounding": self.cfg.rounding, "start": self.program.start,
             "learnt_scales": len(self.program.groups),
-            "val_top1": history[best - 1].get("val_top1"),
+            "val_top1": chosen.get("val_top1"), "val_kl": chosen.get("val_kl"),
         }
         result = Path(self.cfg.result)
         result.parent.mkdir(parents=True, exist_ok=True)
         npuforge.save(graph, result)
-        self.log(f"wrote {result} (the weights of epoch {best})")
+        self.log(f"wrote {result} (the weights of " + (f"epoch {best})" if best else "the start)"))
         self._plot()
 
 

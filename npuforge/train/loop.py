@@ -241,7 +241,9 @@ class Trainer:
 
     # -- what a trainer of another kind of model replaces (QAT: npuforge.qat.trainer; detectors:
     # npuforge.detection.train) ------------------------------------------------------------------
-    metric = "val_top1"  # the record's key that ranks epochs (best.pt, the top-k), higher is better
+    metric = "val_top1"  # the record's key that ranks epochs (best.pt, the top-k)
+    higher_is_better = True  # of that metric
+    rank_start = False  # the model before the first step is a candidate too, as epoch 0 (QAT: its PTQ start)
     curves = (("val_top1", "top-1"), ("val_top5", "top-5"))  # curves.png's right panel: (key, label)
     curves_label = "validation accuracy (%)"
     collate_fn = staticmethod(collate)  # batches of the sample sets (a module-level function: spawn-safe)
@@ -322,6 +324,10 @@ class Trainer:
     def payload(self) -> dict:
         """What a checkpoint records beside the training state, for the commands that use it."""
         return {"model_name": self.cfg.model, "model_kwargs": self.cfg.model_kwargs}
+
+    def eval_terms(self, logits, x, y) -> dict:
+        """Sums over a validation batch that the record reports as ``val_<name>``, per image."""
+        return {}
 
     def describe(self, record: dict) -> str:
         """The validation part of an epoch's log line."""
@@ -475,6 +481,7 @@ class Trainer:
         model = (self.ema.model if self.ema else self.model).eval()
         correct1 = correct5 = total = 0
         loss_sum = 0.0
+        terms: dict = {}
         batches = list(eval_batches(len(self.val_set), self.cfg.batch_size, d.world, d.rank))
         for x, y, _ in self._loader(batches, self.val_set):
             if not len(y):
@@ -483,13 +490,38 @@ class Trainer:
             logits = model(x).float()
             y = self.eval_labels(x, y.to(d.device))
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            for k, v in self.eval_terms(logits, x, y).items():
+                terms[k] = terms.get(k, 0.0) + float(v)
             top = logits.topk(min(5, logits.shape[1]), dim=1).indices
             correct1 += int((top[:, 0] == y).sum())
             correct5 += int((top == y[:, None]).any(dim=1).sum())
             total += len(y)
-        c1, c5, n, ls = d.sum([correct1, correct5, total, loss_sum])
+        c1, c5, n, ls, *sums = d.sum([correct1, correct5, total, loss_sum, *terms.values()])
         return {"val_correct": int(c1), "val_total": int(n), "val_top1": 100.0 * c1 / max(n, 1),
-                "val_top5": 100.0 * c5 / max(n, 1), "val_loss": ls / max(n, 1)}
+                "val_top5": 100.0 * c5 / max(n, 1), "val_loss": ls / max(n, 1),
+                **{f"val_{k}": v / max(n, 1) for k, v in zip(terms, sums)}}
+
+    def _rank(self, metric, epoch: int) -> list:
+        """Put ``epoch`` (its metric, None without validation) into the ranking, best first
+        (without validation the latest epoch ranks first); keep its first ``--keep``, return
+        it whole."""
+        sign = -1.0 if self.higher_is_better else 1.0
+        ranking = sorted(self.state["ranking"] + [(metric, epoch)],
+                         key=lambda r: -r[1] if r[0] is None else sign * r[0])
+        self.state["ranking"] = ranking[:self.cfg.keep]  # every process knows the best epoch
+        return ranking
+
+    def _rank_start(self) -> None:
+        """With ``rank_start`` and a validation set: the model before any step, ranked as
+        epoch 0 (``epoch_000.pt``), so a run whose epochs all score worse keeps it."""
+        if not (self.rank_start and len(self.val_set)) or self.state["global_step"] or "start" in self.state:
+            return
+        record = self.evaluate()
+        self.state["start"] = record
+        self._rank(record.get(self.metric), 0)
+        for name in ("epoch_000.pt", "best.pt"):
+            self._checkpoint(name, record.get(self.metric))
+        self.log("before training" + self.describe(record).removeprefix(","))
 
     # -- the run -------------------------------------------------------------------------
     def run(self, stop_after_step: int | None = None) -> dict:
@@ -506,6 +538,7 @@ class Trainer:
         for s in previous:
             signal.signal(s, request_stop)
         try:
+            self._rank_start()
             while self.state["epoch"] < cfg.epochs:
                 epoch = self.state["epoch"]
                 record = {"epoch": epoch + 1, **self.train_epoch(epoch, stop_after_step), **self.evaluate(),
@@ -513,10 +546,7 @@ class Trainer:
                           "skipped_images": self.state["skipped_images"]}
                 self.state.update(epoch=epoch + 1, step=0)
                 self.state["history"].append(record)
-                # without validation the latest epoch ranks first
-                ranking = sorted(self.state["ranking"] + [(record.get(self.metric), epoch + 1)],
-                                 key=lambda r: -r[1] if r[0] is None else -r[0])
-                self.state["ranking"] = ranking[:cfg.keep]  # every process knows the best epoch
+                ranking = self._rank(record.get(self.metric), epoch + 1)
                 if self.dist.main:
                     self._checkpoint(f"epoch_{epoch + 1:03d}.pt", record.get(self.metric))
                     ckpt.keep_top_k(self.out, ranking, cfg.keep)
@@ -540,7 +570,7 @@ class Trainer:
         best = self.state["ranking"][0]
         # best_top1 for classifiers, best_map for detectors: the ranking metric without its val_
         return {"stopped": False, f"best_{self.metric.removeprefix('val_')}": best[0], "best_epoch": best[1],
-                "history": self.state["history"], "output": str(self.out)}
+                "history": self.state["history"], "start": self.state.get("start"), "output": str(self.out)}
 
     def _write_records(self, record: dict) -> None:
         with open(self.out / "metrics.jsonl", "a") as f:
