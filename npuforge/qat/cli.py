@@ -94,8 +94,10 @@ def cmd_qat(args) -> int:
         print(json.dumps({**result, "result": args.output}, indent=2, default=str))
     elif not result.get("stopped"):
         best = result.get("best_kl", result.get("best_top1"))
-        metric = "" if best is None else (f"validation KL to the float model {best:.4f} " if "best_kl" in result
+        metric = "" if best is None else (f"validation KL to the float model {best:.4g} " if "best_kl" in result
                                           else f"validation top-1 {best:.2f} % ")
-        which = f"epoch {result['best_epoch']}" if result["best_epoch"] else "the PTQ start"
-        print(f"{metric}({which} of {len(result['history'])} epochs); wrote {args.output}, checkpoints in {run_dir}")
+        n = len(result["history"])
+        which = (f"epoch {result['best_epoch']} of {n}" if result["best_epoch"]
+                 else f"the PTQ start; {n} epoch{'s' if n != 1 else ''} trained")
+        print(f"{metric}({which}); wrote {args.output}, checkpoints in {run_dir}")
     return 0

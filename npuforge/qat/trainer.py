@@ -167,7 +167,7 @@ class QATTrainer(Trainer):
         return {"kl": float(kl)}
 
     def describe(self, record: dict) -> str:
-        return super().describe(record) + (f", KL to the float model {record['val_kl']:.4f}"
+        return super().describe(record) + (f", KL to the float model {record['val_kl']:.4g}"
                                            if "val_kl" in record else "")
 
     def payload(self) -> dict:
