@@ -110,7 +110,8 @@ def main() -> int:
         graph = prepare_graph(name)
         pp = graph.metadata["preprocess"]
         row = {"model": name, "granularity": args.granularity, "test_images": 500 - args.train}
-        row["float_top1"], float_logits = top1(lambda x: graph.run({graph.inputs[0]: x})[graph.outputs[0]], test_dir, pp)
+        row["float_top1"], float_logits = top1(lambda x: graph.run({graph.inputs[0]: x})[graph.outputs[0]],
+                                               test_dir, pp)
         calib = calibration(train_dir, pp, 100)
         recipes = {"ptq_default": {}, "ptq_equalize_bias_correction": {"equalize": True, "bias_correction": True}}
         if args.adaround:

@@ -280,7 +280,8 @@ def test_distillation_holds_out_images_of_a_folder_with_one_image_per_class(tmp_
     rng = np.random.default_rng(0)
     for k in range(12):
         (tmp_path / "data" / f"class{k:02d}").mkdir(parents=True)
-        Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(tmp_path / "data" / f"class{k:02d}" / "a.png")
+        photo = rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)
+        Image.fromarray(photo).save(tmp_path / "data" / f"class{k:02d}" / "a.png")
     result = qat(qat_config(tmp_path, tmp_path / "data", epochs=1), float_graph(classes=12), log=quiet, progress=False)
     assert result["start"]["val_total"] == 3 and result["history"][0]["val_total"] == 3
     # --val DIR: all of its images validate, all of --data trains
@@ -288,6 +289,7 @@ def test_distillation_holds_out_images_of_a_folder_with_one_image_per_class(tmp_
     result = qat(qat_config(tmp_path / "second", tmp_path / "data", epochs=1, val=str(val)), float_graph(classes=12),
                  log=quiet, progress=False)
     assert result["start"]["val_total"] == 6 and result["history"][0]["val_total"] == 6
+    assert npuforge.load(tmp_path / "second" / "q.nfir").metadata["qat"]["training_images"] == 12
 
 
 def test_bad_inputs_get_one_line_errors(tmp_path, capsys):
