@@ -8,7 +8,10 @@ integer simulator; ``npuforge qat`` (distillation of the float model, no labels 
 run by the integer simulator from the written IR; the QAT model's own evaluation forward
 against that simulator (top-1 agreement, largest logit difference in output steps); and
 the QDQ export of the QAT IR in ONNX Runtime (graph optimizations off) against the
-fake-quant executor's top-1.
+fake-quant executor's top-1. Every program's mean KL divergence from the float model on the
+test photos, and the share that keep the float model's top-1, are printed beside its top-1
+(continuous, where a top-1 on 200 photos moves by whole photos). ``--val N`` holds N of the
+training photos out of PTQ and QAT alike, for QAT to rank its epochs and its PTQ start on.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/qat.py [--models efficientnet_lite0] \
         [--granularity per-tensor] [--epochs 2]
