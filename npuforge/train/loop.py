@@ -325,8 +325,11 @@ class Trainer:
         """What a checkpoint records beside the training state, for the commands that use it."""
         return {"model_name": self.cfg.model, "model_kwargs": self.cfg.model_kwargs}
 
+    eval_term_names: tuple = ()  # what eval_terms returns: every process sums the same list
+
     def eval_terms(self, logits, x, y) -> dict:
-        """Sums over a validation batch that the record reports as ``val_<name>``, per image."""
+        """Sums over a validation batch (of ``eval_term_names``) that the record reports as
+        ``val_<name>``, per image."""
         return {}
 
     def describe(self, record: dict) -> str:
@@ -481,7 +484,7 @@ class Trainer:
         model = (self.ema.model if self.ema else self.model).eval()
         correct1 = correct5 = total = 0
         loss_sum = 0.0
-        terms: dict = {}
+        terms = dict.fromkeys(self.eval_term_names, 0.0)  # a process without images sums zeros
         batches = list(eval_batches(len(self.val_set), self.cfg.batch_size, d.world, d.rank))
         for x, y, _ in self._loader(batches, self.val_set):
             if not len(y):
@@ -491,7 +494,7 @@ class Trainer:
             y = self.eval_labels(x, y.to(d.device))
             loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
             for k, v in self.eval_terms(logits, x, y).items():
-                terms[k] = terms.get(k, 0.0) + float(v)
+                terms[k] += float(v)
             top = logits.topk(min(5, logits.shape[1]), dim=1).indices
             correct1 += int((top[:, 0] == y).sum())
             correct5 += int((top == y[:, None]).any(dim=1).sum())
