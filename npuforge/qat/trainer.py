@@ -66,6 +66,7 @@ class QATTrainer(Trainer):
         super().__init__(cfg, log, progress)
         self.graph = graph  # the optimized float graph
         self.labelled = False
+        self._teacher_of = None  # (validation batch, the float model's output on it)
         if not cfg.labels:
             self.metric, self.higher_is_better = "val_kl", False
 
@@ -156,13 +157,22 @@ class QATTrainer(Trainer):
         teacher = F.softmax(self.program.teacher(x) / t, dim=1)
         return F.kl_div(F.log_softmax(logits.float() / t, dim=1), teacher, reduction="batchmean") * t * t
 
+    def _val_teacher(self, x):
+        """The float model's output on a validation batch, run once for both of its uses
+        (the labels without labels, and the KL)."""
+        if self._teacher_of is None or self._teacher_of[0] is not x:
+            self._teacher_of = (x, self.program.teacher(x))
+        return self._teacher_of[1]
+
     def eval_labels(self, x, y):
-        return y if self.labelled else self.program.teacher(x).argmax(1)
+        return y if self.labelled else self._val_teacher(x).argmax(1)
+
+    eval_term_names = ("kl",)
 
     def eval_terms(self, logits, x, y) -> dict:
         """The KL divergence of the program's output distribution from the float model's
         (temperature 1), summed over the batch."""
-        teacher = F.log_softmax(self.program.teacher(x).double(), dim=1)
+        teacher = F.log_softmax(self._val_teacher(x).double(), dim=1)
         kl = F.kl_div(F.log_softmax(logits.double(), dim=1), teacher, log_target=True, reduction="sum")
         return {"kl": float(kl)}
 
