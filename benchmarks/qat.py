@@ -32,11 +32,18 @@ import torch
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-def split(root: Path, shared: Path, n_train: int, seed: int, n_val: int = 0) -> tuple[Path, Path, Path]:
+def split(root: Path, shared: Path, n_train: int, seed: int, n_val: int = 0,
+          fold: tuple[int, int] | None = None) -> tuple[Path, Path, Path]:
     """(train, validation, test) folders of links: the first ``n_train`` photos of a seeded
-    permutation train, their last ``n_val`` of them validate, the rest test."""
+    permutation train, their last ``n_val`` of them validate, the rest test. With ``fold``
+    (k, n), the permutation's k-th of n equal parts tests and the others train, so the n
+    folds test every photo once."""
     files = sorted((shared / "imagenet-sample-even").iterdir())
     order = np.random.default_rng(seed).permutation(len(files))
+    if fold is not None:
+        k, n = fold
+        lo, hi = k * len(files) // n, (k + 1) * len(files) // n
+        order, n_train = np.concatenate([order[:lo], order[hi:], order[lo:hi]]), len(files) - (hi - lo)
     parts = (("train", order[:n_train - n_val]), ("val", order[n_train - n_val:n_train]), ("test", order[n_train:]))
     for part, idx in parts:
         (root / part).mkdir(parents=True)
@@ -95,9 +102,15 @@ def main() -> int:
                     help="training photos held out (from PTQ and QAT alike) for QAT to rank its epochs and its "
                          "PTQ start on, by the KL divergence from the float model (default 0: none, QAT writes "
                          "its last epoch)")
+    ap.add_argument("--folds", type=int, default=0,
+                    help="cross-validation: the seeded permutation in N equal parts, one testing and the others "
+                         "training (--train is then ignored); give the part with --fold")
+    ap.add_argument("--fold", type=int, default=0, help="which of --folds parts tests (0 to N-1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write the rows here")
     args = ap.parse_args()
+    if args.folds and not 0 <= args.fold < args.folds:
+        ap.error(f"--fold {args.fold}: give 0 to {args.folds - 1}")
 
     import npuforge
     from npuforge.export import to_qdq_onnx
@@ -107,12 +120,14 @@ def main() -> int:
     from npuforge.sim.integer import IntegerSimulator
 
     work = Path(tempfile.mkdtemp(prefix="npuforge-qat-"))
-    train_dir, val_dir, test_dir = split(work / "data", args.shared, args.train, args.seed, args.val)
+    train_dir, val_dir, test_dir = split(work / "data", args.shared, args.train, args.seed, args.val,
+                                        (args.fold, args.folds) if args.folds else None)
     rows = []
     for name in args.models.split(","):
         graph = prepare_graph(name)
         pp = graph.metadata["preprocess"]
-        row = {"model": name, "granularity": args.granularity, "test_images": 500 - args.train}
+        row = {"model": name, "granularity": args.granularity, "test_images": sum(1 for _ in test_dir.iterdir()),
+               "fold": f"{args.fold}/{args.folds}" if args.folds else None}
         row["float_top1"], float_logits = top1(lambda x: graph.run({graph.inputs[0]: x})[graph.outputs[0]],
                                                test_dir, pp)
         calib = calibration(train_dir, pp, 100)
