@@ -15,12 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from npuforge.cli import main
 from npuforge.errors import NpuforgeError
 from npuforge.train import TrainConfig, train
 from npuforge.train import loop
+from npuforge.train.data import split_samples
 
 COLOURS = {"red": (200, 40, 40), "green": (40, 180, 60), "blue": (40, 60, 200)}
 
@@ -292,3 +295,27 @@ def test_trainable_layers_leaves_the_earlier_layers_and_their_statistics_as_they
     assert {"features.18.0.weight", "features.18.1.running_mean", "classifier.1.weight"} <= learnt
     with pytest.raises(NpuforgeError, match="--trainable-layers 54: mobilenet_v2 has 53 convolution"):
         train(config(tmp_path / "b", folder, trainable_layers=54), log=quiet, progress=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=12), st.sampled_from([0.1, 0.2, 0.25, 0.5]),
+       st.integers(0, 3))
+def test_the_validation_split_is_per_class_and_classes_of_one_image_make_up_the_fraction(sizes, fraction, seed):
+    samples = [(f"{c}/{k}.png", c) for c, n in enumerate(sizes) for k in range(n)]
+    train_part, val = split_samples(samples, fraction, seed)
+    assert sorted(train_part + val) == sorted(samples)  # every image once
+    for c, n in enumerate(sizes):
+        held = sum(1 for _, label in val if label == c)
+        if n > 1:  # a class that can be split keeps round(n * fraction) of its images, at least one
+            assert held == max(int(round(n * fraction)), 1) and held < n
+    singles = sum(1 for n in sizes if n == 1)
+    held_singles = sum(1 for _, label in val if sizes[label] == 1)
+    split_ones = len(val) - held_singles
+    assert held_singles == max(min(singles, int(round(len(samples) * fraction)) - split_ones), 0)
+    assert split_samples(samples, fraction, seed) == (train_part, val)  # seeded
+
+
+def test_a_folder_of_one_image_per_class_still_validates_on_its_fraction():
+    samples = [(f"n{c:08d}_{c}.JPEG", c) for c in range(500)]  # the shared sample's layout
+    train_part, val = split_samples(samples, 0.2, 0)
+    assert len(val) == 100 and len(train_part) == 400

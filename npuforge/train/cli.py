@@ -51,7 +51,8 @@ def add_train_parser(sub) -> None:
                         "of this file or its images/); its categories must be those of --annotations")
     p.add_argument("--val-split", type=non_negative, default=0.2, metavar="F",
                    help="fraction of each class (a detector: of the images) held out for validation when --val is "
-                        "not given (default 0.2; 0: no validation, train on everything, best.pt is the last epoch)")
+                        "not given (classes of one image make up what they leave short; default 0.2; 0: no "
+                        "validation, train on everything, best.pt is the last epoch)")
     p.add_argument("--output", "-o", required=True, metavar="RUN_DIR", help="where checkpoints and records go")
     p.add_argument("--pretrained", action=argparse.BooleanOptionalAction, default=None,
                    help="start from the published weights (default: yes when the model has them); a classifier "

@@ -98,22 +98,28 @@ def collate(items):
 
 
 def split_samples(samples: list, fraction: float, seed: int) -> tuple[list, list]:
-    """A seeded split per class (each class keeps about ``fraction`` of its images for
-    validation, at least one when it has two or more)."""
+    """A seeded split per class: each class keeps about ``fraction`` of its images for
+    validation, at least one when it has two or more. A class of one image cannot be split;
+    when such classes leave the validation part short of ``fraction`` of all the images
+    (a folder of ImageNet-style samples, one photo per class, would keep none), a seeded draw
+    of those single images makes up the shortfall: their classes are then not trained on."""
     if not 0 < fraction < 1:
         raise NpuforgeError(f"--val-split {fraction}: give a fraction between 0 and 1 (e.g. 0.2)")
     by_class: dict[int, list] = {}
-    for s in samples:
-        by_class.setdefault(s[1], []).append(s)
-    train, val = [], []
+    for k, s in enumerate(samples):
+        by_class.setdefault(s[1], []).append(k)
+    held = []
     for label in sorted(by_class):
         items = by_class[label]
-        order = rng_for(seed, 2, label).permutation(len(items))
-        n_val = int(round(len(items) * fraction)) if len(items) > 1 else 0
-        n_val = max(n_val, 1) if len(items) > 1 else 0
-        val += [items[j] for j in sorted(order[:n_val])]
-        train += [items[j] for j in sorted(order[n_val:])]
-    return train, val
+        if len(items) > 1:
+            order = rng_for(seed, 2, label).permutation(len(items))
+            held += [items[j] for j in order[:max(int(round(len(items) * fraction)), 1)]]
+    singles = [items[0] for label, items in sorted(by_class.items()) if len(items) == 1]
+    short = max(min(len(singles), int(round(len(samples) * fraction)) - len(held)), 0)
+    held = set(held) | {singles[j] for j in rng_for(seed, 3).permutation(len(singles))[:short]}
+    in_class_order = [k for label in sorted(by_class) for k in by_class[label]]
+    return ([samples[k] for k in in_class_order if k not in held],
+            [samples[k] for k in in_class_order if k in held])
 
 
 @dataclass

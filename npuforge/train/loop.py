@@ -126,7 +126,10 @@ def _datasets(cfg: TrainConfig, log):
         log(f"no validation (--val-split 0): training on all {len(train)} images; best.pt is the last epoch")
     else:
         train, val = split_samples(samples, cfg.val_split, cfg.seed)
-        log(f"validation: a seeded {cfg.val_split:.0%} of each class ({len(val)} images), training on {len(train)}")
+        trained = {label for _, label in train}
+        unseen = sum(1 for _, label in val if label not in trained)
+        log(f"validation: a seeded {cfg.val_split:.0%} of each class ({len(val)} images), training on {len(train)}"
+            + (f"; {unseen} of them the only image of their class, which is not trained on" if unseen else ""))
     return train, val, classes, ids
 
 
