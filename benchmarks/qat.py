@@ -85,6 +85,39 @@ def calibration(folder: Path, preprocess: dict, n: int) -> list:
     return [x for x, _, _ in iter_batches(ds, transform_of(preprocess), 25, 2)]
 
 
+PROGRAMS = ("float", "ptq_default", "ptq_equalize_bias_correction", "ptq_equalize_bias_correction_adaround", "qat")
+
+
+def pool(paths: list[Path]) -> int:
+    """The --json records of several runs (the folds of one --folds N) pooled per model and
+    granularity: correct photos summed, KL and float top-1 kept averaged over the photos."""
+    rows = [r for path in paths for r in json.loads(path.read_text())]
+    ptq = [k for k in PROGRAMS[1:-1] if all(f"{k}_top1" in r for r in rows)]  # the recipes every run has
+    groups: dict[tuple, list] = {}
+    for r in rows:
+        groups.setdefault((r["model"], r["granularity"]), []).append(r)
+    print("| model | weights | runs | photos | " + " | ".join(k.replace("_", " ") for k in ["float", *ptq, "qat"])
+          + " | QAT KL / float top-1 kept | best PTQ KL / float top-1 kept | QAT wrote its start |")
+    print("|---|---|---:|---:|" + "---:|" * (len(ptq) + 2) + "---:|---:|---:|")
+    for (model, granularity), runs in groups.items():
+        n = sum(r["test_images"] for r in runs)
+
+        def correct(key):
+            c = sum(round(r[f"{key}_top1"] * r["test_images"] / 100) for r in runs)
+            return f"{c} ({100 * c / n:.1f} %)"
+
+        def mean(key):
+            return sum(r[key] * r["test_images"] for r in runs) / n
+
+        best = min(ptq, key=lambda k: mean(f"{k}_kl"))
+        print(f"| {model} | {granularity} | {len(runs)} | {n} | "
+              + " | ".join(correct(k) for k in ["float", *ptq, "qat"])
+              + f" | {mean('qat_kl'):.4f} / {mean('qat_agreement'):.1f} % | {mean(f'{best}_kl'):.4f} / "
+              f"{mean(f'{best}_agreement'):.1f} % ({best.replace('_', ' ')}) | "
+              f"{sum(r['qat_best_epoch'] == 0 for r in runs)} of {len(runs)} |")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shared", type=Path, default=SHARED)
@@ -94,8 +127,9 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--start", choices=("ptq", "equalize-bias-correction"), default="equalize-bias-correction",
-                    help="QAT's starting point (default: the equalized, bias-corrected weights)")
+    ap.add_argument("--start", choices=("ptq", "equalize-bias-correction", "best"), default="equalize-bias-correction",
+                    help="QAT's starting point (default: the equalized, bias-corrected weights; best: qat "
+                         "--best-start, the better of the two on the --val photos)")
     ap.add_argument("--adaround", action="store_true", help="also PTQ with AdaRound (minutes)")
     ap.add_argument("--learn-scales", action="store_true", help="QAT learns the activation scales too (LSQ)")
     ap.add_argument("--val", type=int, default=0,
@@ -108,9 +142,16 @@ def main() -> int:
     ap.add_argument("--fold", type=int, default=0, help="which of --folds parts tests (0 to N-1)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument("--pool", type=Path, nargs="+", metavar="JSON",
+                    help="instead of running: pool the --json records of earlier runs (the folds of one --folds "
+                         "N) per model, and print their table")
     args = ap.parse_args()
+    if args.pool:
+        return pool(args.pool)
     if args.folds and not 0 <= args.fold < args.folds:
         ap.error(f"--fold {args.fold}: give 0 to {args.folds - 1}")
+    if args.start == "best" and not args.val:
+        ap.error("--start best picks QAT's start on the --val photos: give --val N")
 
     import npuforge
     from npuforge.export import to_qdq_onnx
@@ -146,17 +187,18 @@ def main() -> int:
             print(f"{name}: {recipe} {row[f'{recipe}_top1']:.1f} % (KL to float {row[f'{recipe}_kl']:.4f}, "
                   f"float top-1 kept on {row[f'{recipe}_agreement']:.1f} %)", flush=True)
         out = work / f"{name}-qat.nfir"
-        start = {"equalize": True, "bias_correction": True} if args.start != "ptq" else {}
+        start = {"equalize": True, "bias_correction": True} if args.start == "equalize-bias-correction" else {}
         cfg = QATConfig(model=name, data=str(train_dir), output=str(work / f"{name}-run"), result=str(out),
                         quant={"granularity": args.granularity, **start}, epochs=args.epochs,
                         batch_size=args.batch_size, lr=args.lr, val=str(val_dir) if args.val else None, val_split=0.0,
                         num_calib=100, seed=args.seed, workers=2, label_smoothing=0.0, crop_scale=0.5,
-                        learn_scales=args.learn_scales)
+                        learn_scales=args.learn_scales, best_start=args.start == "best")
         t = time.perf_counter()
         trainer = QATTrainer(cfg, graph, log=lambda m: print(f"  {m}", flush=True), progress=False)
         train_with(trainer)
         row["qat_s"] = round(time.perf_counter() - t, 1)
         row["qat_best_epoch"] = trainer.state["ranking"][0][1]
+        row["qat_start"] = trainer.program.start
         q = npuforge.load(out)
         sim = IntegerSimulator(q)
         row["qat_top1"], sim_logits = top1(lambda x: sim.run({q.inputs[0]: x})[q.outputs[0]], test_dir, pp)

@@ -358,3 +358,21 @@ def test_target_drop_climbs_the_recipes_in_order_and_stops_at_the_first_that_mee
     assert "qat" in q.metadata  # the QAT rung's IR was written
     assert main(base + ["-o", str(tmp_path / "x.nfir"), "--target-drop", "1", "--equalize"]) == 2
     assert "--target-drop picks the recipe itself; drop --equalize" in capsys.readouterr().err
+
+
+def test_best_start_starts_from_the_ptq_program_closer_to_the_float_model_on_validation(tmp_path):
+    data = make_folder(tmp_path / "data", per_class=8)
+    lines = []  # seed 2: a stack whose program equalization and bias correction change (seed 0's they do not)
+    result = qat(qat_config(tmp_path, data, lr=50.0, epochs=1, best_start=True), float_graph(classes=3, seed=2),
+                 log=lines.append, progress=False)
+    meta = npuforge.load(tmp_path / "q.nfir").metadata["qat"]
+    tried = meta["start_candidates"]
+    assert set(tried) == {"PTQ", "PTQ + equalize + bias correction"} and len(set(tried.values())) == 2, tried
+    closer = min(tried, key=tried.get)
+    assert meta["start"] == closer and any(f"starting from {closer}," in line for line in lines)
+    # the start QAT ranked as epoch 0 is that program (this learning rate wrecks every epoch)
+    assert result["best_epoch"] == 0 and result["start"]["val_kl"] == tried[closer]
+    with pytest.raises(NpuforgeError, match="--best-start tries the start with and without"):
+        qat_config(tmp_path, data, best_start=True, quant={"granularity": "per-tensor", "equalize": True})
+    with pytest.raises(NpuforgeError, match="--best-start picks the start on the validation images"):
+        qat_config(tmp_path, data, best_start=True, val_split=0.0)

@@ -38,6 +38,9 @@ def add_qat_parser(sub) -> None:
                    help="start from cross-layer equalized weights (as quantize --equalize; helps per-tensor most)")
     p.add_argument("--bias-correction", action="store_true",
                    help="start from bias-corrected biases (as quantize --bias-correction)")
+    p.add_argument("--best-start", action="store_true",
+                   help="quantize both ways (plain, and with --equalize --bias-correction) and start from the "
+                        "program that scores better on the validation images (by the ranking below)")
     p.add_argument("--num-calib", type=positive_int, default=100, metavar="N",
                    help="calibration images: the first N training images (default 100)")
     p.add_argument("--labels", action="store_true",
@@ -78,7 +81,7 @@ def cmd_qat(args) -> int:
              "bias_correction": args.bias_correction}
     run_dir = args.run_dir or str(Path(args.output).with_suffix(".qat"))
     cfg = QATConfig(model=args.model, data=args.data, output=run_dir, result=args.output, quant=quant,
-                    labels=args.labels, learn_scales=args.learn_scales, temperature=args.temperature,
+                    labels=args.labels, learn_scales=args.learn_scales, best_start=args.best_start, temperature=args.temperature,
                     num_calib=args.num_calib, val=args.val, val_split=args.val_split, epochs=args.epochs,
                     steps=args.steps, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
                     weight_decay=args.weight_decay,

@@ -38,6 +38,7 @@ class QATConfig(TrainConfig):
     num_calib: int = 100  # calibration images (the first training images, in file order)
     rounding: str = "fixedpoint"
     learn_scales: bool = False  # LSQ: activation scales learnt too (npuforge.qat.program)
+    best_start: bool = False  # start from the better on validation of plain PTQ and equalize + bias correction
 
     def __post_init__(self):
         super().__post_init__()
@@ -45,6 +46,12 @@ class QATConfig(TrainConfig):
             raise NpuforgeError(f"--temperature {self.temperature}: give a positive number")
         if self.num_calib < 1:
             raise NpuforgeError(f"--num-calib {self.num_calib}: give a positive number of images")
+        if self.best_start and (self.quant.get("equalize") or self.quant.get("bias_correction")):
+            raise NpuforgeError("--best-start tries the start with and without equalization and bias correction; "
+                                "drop --equalize / --bias-correction")
+        if self.best_start and not self.val and self.val_split == 0:
+            raise NpuforgeError("--best-start picks the start on the validation images: give --val DIR or a "
+                                "--val-split above 0")
 
 
 def _images(root: Path) -> list[Path]:
@@ -67,6 +74,7 @@ class QATTrainer(Trainer):
         self.graph = graph  # the optimized float graph
         self.labelled = False
         self._teacher_of = None  # (validation batch, the float model's output on it)
+        self.start_candidates = {}  # --best-start: each PTQ start tried -> its validation metric
         if not cfg.labels:
             self.metric, self.higher_is_better = "val_kl", False
 
@@ -141,14 +149,36 @@ class QATTrainer(Trainer):
                 if len(x):
                     yield x.numpy()
 
-        self.program = QATProgram(self.graph, batches(), self.cfg.quant, rounding=cfg.rounding, log=self.log,
-                                  learn_scales=cfg.learn_scales)
+        def program(extra):
+            return QATProgram(self.graph, batches(), {**cfg.quant, **extra}, rounding=cfg.rounding, log=self.log,
+                              learn_scales=cfg.learn_scales)
+
+        if cfg.best_start:
+            self.program = self._best_start([program({}), program({"equalize": True, "bias_correction": True})])
+        else:
+            self.program = program({})
         self.log(f"calibrated on {self.program.images} images; starting from {self.program.start}; training {len(self.program.names)} weight and "
                  f"bias tensors of {sum(w.numel() for w in self.program.weights)} values "
                  f"({self.program.config.granularity} weights)"
                  + (f"; learning the scales of {len(self.program.groups)} activation groups" if cfg.learn_scales
                     else ""))
         return self.program
+
+    def _best_start(self, programs: list) -> QATProgram:
+        """The PTQ program of ``programs`` that validates best (by the ranking metric): QAT's
+        start. Every process evaluates every one, so all pick the same."""
+        sign = 1.0 if self.higher_is_better else -1.0
+        scored = []
+        for candidate in programs:
+            self.model = self.program = candidate  # what evaluate() runs (and its teacher), before build() sets it
+            self.ema = None
+            record = self.evaluate()
+            scored.append((sign * record[self.metric], -len(scored), candidate))
+            self.start_candidates[candidate.start] = record[self.metric]
+            self.log(f"start candidate {candidate.start}: validation" + self.describe(record).removeprefix(","))
+        best = max(scored, key=lambda t: t[:2])[2]
+        self.log(f"starting from {best.start}, the better of the {len(programs)} on validation")
+        return best
 
     def loss(self, logits, x, y, target):
         if self.cfg.labels:
@@ -200,7 +230,7 @@ class QATTrainer(Trainer):
             "training_images": len(self.train_set), "validation_images": len(self.val_set),
             "target": "labels" if self.cfg.labels else f"distillation (temperature {self.cfg.temperature:g})",
             "lr": self.lr, "rounding": self.cfg.rounding, "start": self.program.start,
-            "learnt_scales": len(self.program.groups),
+            "learnt_scales": len(self.program.groups), "start_candidates": dict(self.start_candidates),
             "val_top1": chosen.get("val_top1"), "val_kl": chosen.get("val_kl"),
         }
         result = Path(self.cfg.result)
