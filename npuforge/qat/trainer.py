@@ -123,7 +123,7 @@ class QATTrainer(Trainer):
             train = samples
         elif cfg.labels:  # a split per class
             train, val = split_samples(samples, cfg.val_split, cfg.seed)
-        else:  # the labels are not trained on: one split over all images (a class of one image keeps none)
+        else:  # the labels are not trained on: one seeded split over all images, whatever their classes
             label = dict(samples)
             train, val = ([(p, label[p]) for p, _ in part]
                           for part in split_samples([(p, 0) for p, _ in samples], cfg.val_split, cfg.seed))
@@ -157,8 +157,9 @@ class QATTrainer(Trainer):
             self.program = self._best_start([program({}), program({"equalize": True, "bias_correction": True})])
         else:
             self.program = program({})
-        self.log(f"calibrated on {self.program.images} images; starting from {self.program.start}; training {len(self.program.names)} weight and "
-                 f"bias tensors of {sum(w.numel() for w in self.program.weights)} values "
+        self.log(f"calibrated on {self.program.images} images; starting from {self.program.start}; training "
+                 f"{len(self.program.names)} weight and bias tensors of "
+                 f"{sum(w.numel() for w in self.program.weights)} values "
                  f"({self.program.config.granularity} weights)"
                  + (f"; learning the scales of {len(self.program.groups)} activation groups" if cfg.learn_scales
                     else ""))
