@@ -83,8 +83,8 @@ def cmd_qat(args) -> int:
     cfg = QATConfig(model=args.model, data=args.data, output=run_dir, result=args.output, quant=quant,
                     labels=args.labels, learn_scales=args.learn_scales, best_start=args.best_start,
                     temperature=args.temperature, num_calib=args.num_calib, val=args.val, val_split=args.val_split,
-                    epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, lr=args.lr, optimizer=args.optimizer,
-                    weight_decay=args.weight_decay,
+                    epochs=args.epochs, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                    optimizer=args.optimizer, weight_decay=args.weight_decay,
                     crop_scale=args.crop_scale, label_smoothing=0.0, seed=args.seed, workers=args.workers,
                     save_every=args.save_every, resume=args.resume)
     from ..cli import parse_input_shapes
