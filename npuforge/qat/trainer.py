@@ -176,7 +176,7 @@ class QATTrainer(Trainer):
             record = self.evaluate()
             scored.append((sign * record[self.metric], -len(scored), candidate))
             self.start_candidates[candidate.start] = record[self.metric]
-            self.log(f"start candidate {candidate.start}: validation" + self.describe(record).removeprefix(","))
+            self.log(f"start candidate {candidate.start}:" + self.describe(record).removeprefix(","))
         best = max(scored, key=lambda t: t[:2])[2]
         self.log(f"starting from {best.start}, the better of the {len(programs)} on validation")
         return best
