@@ -127,10 +127,15 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--start", choices=("ptq", "equalize-bias-correction", "best"), default="equalize-bias-correction",
-                    help="QAT's starting point (default: the equalized, bias-corrected weights; best: qat "
-                         "--best-start, the better of the two on the --val photos)")
+    ap.add_argument("--start", choices=("ptq", "equalize-bias-correction", "adaround", "best"),
+                    default="equalize-bias-correction",
+                    help="QAT's starting point (default: the equalized, bias-corrected weights; adaround: those "
+                         "with AdaRound's rounding, qat --equalize --bias-correction --adaround, which also adds "
+                         "that PTQ row; best: qat --best-start, the better of the two on the --val photos)")
     ap.add_argument("--adaround", action="store_true", help="also PTQ with AdaRound (minutes)")
+    ap.add_argument("--adaround-cache", type=Path, metavar="DIR",
+                    help="keep AdaRound's learnt rounding here, per model (default: the run's temporary folder); "
+                         "a rerun on the same fold reuses it")
     ap.add_argument("--learn-scales", action="store_true", help="QAT learns the activation scales too (LSQ)")
     ap.add_argument("--val", type=int, default=0,
                     help="training photos held out (from PTQ and QAT alike) for QAT to rank its epochs and its "
@@ -173,9 +178,10 @@ def main() -> int:
                                                test_dir, pp)
         calib = calibration(train_dir, pp, 100)
         recipes = {"ptq_default": {}, "ptq_equalize_bias_correction": {"equalize": True, "bias_correction": True}}
-        if args.adaround:
+        adaround_cache = str((args.adaround_cache or work) / f"{name}-adaround")  # for the PTQ row and QAT's start
+        if args.adaround or args.start == "adaround":
             recipes["ptq_equalize_bias_correction_adaround"] = {"equalize": True, "bias_correction": True,
-                                                                "adaround": True}
+                                                                "adaround": True, "adaround_cache": adaround_cache}
         for recipe, extra in recipes.items():
             t = time.perf_counter()
             q = npuforge.quantize(graph, calib, {"granularity": args.granularity, **extra}, optimize=False,
@@ -187,7 +193,9 @@ def main() -> int:
             print(f"{name}: {recipe} {row[f'{recipe}_top1']:.1f} % (KL to float {row[f'{recipe}_kl']:.4f}, "
                   f"float top-1 kept on {row[f'{recipe}_agreement']:.1f} %)", flush=True)
         out = work / f"{name}-qat.nfir"
-        start = {"equalize": True, "bias_correction": True} if args.start == "equalize-bias-correction" else {}
+        start = {"ptq": {}, "best": {}, "equalize-bias-correction": {"equalize": True, "bias_correction": True},
+                 "adaround": {"equalize": True, "bias_correction": True, "adaround": True,
+                              "adaround_cache": adaround_cache}}[args.start]
         cfg = QATConfig(model=name, data=str(train_dir), output=str(work / f"{name}-run"), result=str(out),
                         quant={"granularity": args.granularity, **start}, epochs=args.epochs,
                         batch_size=args.batch_size, lr=args.lr, val=str(val_dir) if args.val else None, val_split=0.0,

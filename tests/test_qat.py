@@ -6,6 +6,7 @@ Small: CNNs of a few channels on 16x16 images, CPU."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -66,7 +67,10 @@ def calibration(seed: int = 0):
 CONFIGS = [{"granularity": "per-tensor"}, {"granularity": "per-channel"},
            {"granularity": "per-channel", "activation_dtype": "int8", "symmetric": True},
            {"granularity": "per-channel", "activation_dtype": "int8", "tflite_multipliers": True},
-           {"granularity": "per-tensor", "equalize": True, "bias_correction": True}]  # QAT's start: quantize's
+           {"granularity": "per-tensor", "equalize": True, "bias_correction": True},  # QAT's start: quantize's
+           {"granularity": "per-tensor", "equalize": True, "bias_correction": True, "adaround": True,
+            "adaround_iters": 40},
+           {"granularity": "per-channel", "adaround": True, "adaround_iters": 40}]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
@@ -84,6 +88,12 @@ def test_qat_forward_is_the_integer_program(config):
         np.testing.assert_array_equal(program(torch.from_numpy(x)).numpy(), ref)
     # the integers are the quantizer's own decision
     expected = npuforge.quantize(graph, calibration(), config, optimize=False)
+    if config.get("adaround"):  # a start whose rounding is not the nearest: the trained weights carry it
+        nearest = npuforge.quantize(graph, calibration(), {k: v for k, v in config.items() if "adaround" not in k},
+                                    optimize=False)
+        assert sum(int(np.count_nonzero(expected.values[a.quant["weight"]].data
+                                        != nearest.values[b.quant["weight"]].data))
+                   for a, b in zip(expected.nodes, nearest.nodes) if "weight" in a.quant) > 10
     for mine, theirs in zip(q.nodes, expected.nodes):
         assert mine.quant.keys() == theirs.quant.keys(), mine.name
         for role in mine.quant:
@@ -235,6 +245,28 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path):
     assert (whole / "q.safetensors").read_bytes() == (parts / "q.safetensors").read_bytes()
 
 
+def test_an_adaround_start_is_learnt_once_and_resumes_from_its_cache(tmp_path):
+    """--adaround: QAT starts from AdaRound's program (its integers: the forward test above),
+    whose rounding is cached in the run directory; a resumed run reuses it and ends where
+    the uninterrupted one does."""
+    data = make_folder(tmp_path / "data", per_class=8)
+    quant = {"granularity": "per-tensor", "adaround": True, "adaround_iters": 20}
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    qat(qat_config(whole, data, quant=quant, epochs=1), float_graph(), log=quiet, progress=False)
+    assert npuforge.load(whole / "q.nfir").metadata["qat"]["start"] == "PTQ + AdaRound"
+    layers = len(list((whole / "run" / "adaround").glob("*.npy")))
+    assert layers == 5
+    assert qat(qat_config(parts, data, quant=quant, epochs=1), float_graph(), log=quiet, progress=False,
+               stop_after_step=2)["stopped"]
+    lines = []
+    qat(qat_config(parts, data, quant=quant, epochs=1, resume=True), float_graph(), log=lines.append,
+        progress=False)
+    assert any(f"({layers} of {layers} layers from the cache)" in line for line in lines), lines
+    kept = [re.search(r"start with (\d+) of AdaRound's (\d+) weight codes", line) for line in lines]
+    assert any(m and m[1] == m[2] for m in kept), lines
+    assert (whole / "q.safetensors").read_bytes() == (parts / "q.safetensors").read_bytes()
+
+
 def test_an_unlabelled_folder_trains_by_distillation(tmp_path):
     flat = tmp_path / "photos"
     flat.mkdir()
@@ -355,7 +387,9 @@ def test_target_drop_climbs_the_recipes_in_order_and_stops_at_the_first_that_mee
     assert len(seen) == 5 and all(0 <= v <= 100 for v in seen)
     q = npuforge.load(tmp_path / "hard.nfir")
     assert q.metadata["quantization"]["target_drop"]["rungs"] == hard["rungs"]
-    assert "qat" in q.metadata  # the QAT rung's IR was written
+    assert "qat" in q.metadata  # the QAT rung's IR was written, started from the better of the first two rungs
+    assert set(q.metadata["qat"]["start_candidates"]) == {"PTQ", "PTQ + equalize + bias correction"}
+    assert q.metadata["qat"]["validation_images"] == 2  # a fifth of the 12 calibration images
     assert main(base + ["-o", str(tmp_path / "x.nfir"), "--target-drop", "1", "--equalize"]) == 2
     assert "--target-drop picks the recipe itself; drop --equalize" in capsys.readouterr().err
 

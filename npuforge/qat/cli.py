@@ -38,9 +38,13 @@ def add_qat_parser(sub) -> None:
                    help="start from cross-layer equalized weights (as quantize --equalize; helps per-tensor most)")
     p.add_argument("--bias-correction", action="store_true",
                    help="start from bias-corrected biases (as quantize --bias-correction)")
+    p.add_argument("--adaround", action="store_true",
+                   help="start from AdaRound's rounding (as quantize --adaround, minutes; cached in "
+                        "RUN_DIR/adaround, so --resume does not learn it again)")
     p.add_argument("--best-start", action="store_true",
-                   help="quantize both ways (plain, and with --equalize --bias-correction) and start from the "
-                        "program that scores better on the validation images (by the ranking below)")
+                   help="quantize both ways (plain, and with --equalize --bias-correction; each with --adaround "
+                        "if given) and start from the program that scores better on the validation images (by "
+                        "the ranking below)")
     p.add_argument("--num-calib", type=positive_int, default=100, metavar="N",
                    help="calibration images: the first N training images (default 100)")
     p.add_argument("--labels", action="store_true",
@@ -78,7 +82,7 @@ def cmd_qat(args) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     quant = {"granularity": args.granularity, "activation_dtype": args.activation_dtype,
              "symmetric": args.symmetric, "tflite_multipliers": args.tflite_multipliers, "equalize": args.equalize,
-             "bias_correction": args.bias_correction}
+             "bias_correction": args.bias_correction, "adaround": args.adaround}
     run_dir = args.run_dir or str(Path(args.output).with_suffix(".qat"))
     cfg = QATConfig(model=args.model, data=args.data, output=run_dir, result=args.output, quant=quant,
                     labels=args.labels, learn_scales=args.learn_scales, best_start=args.best_start,

@@ -42,6 +42,23 @@ from ..sim.float_exec import check_feeds, execute, last_uses
 from ..sim.integer import IntegerSimulator, quantize_input
 
 
+START_STEPS = (("equalize", "equalize"), ("adaround", "AdaRound"), ("bias_correction", "bias correction"))
+
+
+def within_codes(w: np.ndarray, codes: np.ndarray, wp) -> np.ndarray:
+    """``w`` with every weight that does not round to its entry of ``codes`` (symmetric
+    int8, scales ``wp``) moved a quarter step inside that code's interval, on the side it
+    came from; the others unchanged."""
+    scale = np.asarray(wp.scale, np.float64)
+    if scale.size > 1:
+        shape = [1] * w.ndim
+        shape[wp.axis] = -1
+        scale = scale.reshape(shape)
+    nearest, q = wp.quantize(w).astype(np.float64), codes.astype(np.float64)
+    inside = (q - 0.25 * np.sign(q - nearest)) * scale
+    return np.where(nearest == q, w, inside).astype(w.dtype)
+
+
 class _Scaled:
     """An observer whose range is the calibrated one times ``factor`` (a learnt scale)."""
 
@@ -111,31 +128,28 @@ class QATProgram(torch.nn.Module):
                  log=None, progress=None, learn_scales: bool = False):
         super().__init__()
         config = config if isinstance(config, QuantConfig) else QuantConfig.from_dict(dict(config or {}))
-        unsupported = [k for k in ("adaround", "ort_multipliers") if getattr(config, k)]
-        if unsupported:
-            raise NpuforgeError(f"QAT learns the weights itself; drop "
-                                f"{', '.join('--' + k.replace('_', '-') for k in unsupported)}")
+        if config.ort_multipliers:
+            raise NpuforgeError("QAT decides the requantization multipliers itself; drop --ort-multipliers")
         if len(graph.inputs) != 1:
             raise NpuforgeError(f"graph '{graph.name}' has {len(graph.inputs)} inputs; QAT takes one image input")
         self.reference = copy.deepcopy(graph)  # the float model, the distillation target
         self.template = copy.deepcopy(graph)  # the float graph QAT trains (equalized, bias-corrected)
-        self.start = "PTQ" + "".join(f" + {k.replace('_', ' ')}" for k in ("equalize", "bias_correction")
-                                     if getattr(config, k))
+        self.start = "PTQ" + "".join(f" + {label}" for k, label in START_STEPS if getattr(config, k))
         self.rounding = rounding
         self.log = log or (lambda message: None)
         if config.equalize:  # a starting point: the float function is unchanged, the weight ranges even
             from ..quant.equalize import equalize
 
             equalize(self.template)
-        data = list(data) if config.bias_correction else data
-        self.config = replace(config, equalize=False, bias_correction=False)  # the per-step decision: plain
+        data = list(data) if config.bias_correction or config.adaround else data
+        # the per-step decision: plain (round to nearest, from the current weights)
+        self.config = replace(config, equalize=False, bias_correction=False, adaround=False)
         self.plan, self.observers, self.images, self.seconds = calibrated_plan(
             self.template, data, self.config, progress=progress, log=self.log)
         self.names = trainable_constants(self.template, self.plan)
         if not self.names:
             raise NpuforgeError(f"graph '{graph.name}' has no quantized Conv / Gemm / MatMul weights to train")
-        if config.bias_correction:  # a starting point: the PTQ-corrected float biases
-            self._correct_biases(data)
+        start_codes = self._ptq_start(data, config) if config.bias_correction or config.adaround else {}
         self.weights = torch.nn.ParameterList(
             [torch.nn.Parameter(torch.from_numpy(np.array(self.template.values[n].data, np.float32)))
              for n in self.names])
@@ -147,20 +161,59 @@ class QATProgram(torch.nn.Module):
         self.group_of = {g: k for k, g in enumerate(self.groups)}
         self.log_scales = torch.nn.Parameter(torch.zeros(len(self.groups)))  # exp(t): the range's factor
         self._cache = None  # (weight versions, quantized graph)
+        if start_codes:
+            self._report_rounding_kept(start_codes)
 
-    def _correct_biases(self, data) -> None:
-        """Bias correction (as ``quantize --bias-correction``) on the PTQ program, its float
-        biases copied into the template as QAT's initial biases."""
+    def _ptq_start(self, data, config: QuantConfig) -> dict:
+        """AdaRound and bias correction (as ``quantize --adaround --bias-correction``) on the
+        PTQ program; QAT's initial weights and biases taken from it. -> {weight name: the
+        program's int8 weights} where AdaRound chose them (else empty).
+
+        Biases: the corrected float biases, copied. Weights: a weight that rounds to the
+        code AdaRound chose keeps its float value; one AdaRound rounded the other way moves
+        to a quarter step inside that code's interval, past the boundary it crossed (a
+        quarter step: the mean distance of the kept weights from their nearer boundary). So
+        the first step rounds as AdaRound did, and the float weights stay where they were
+        but for those flips."""
+        from ..quant.adaround import adaround
         from ..quant.bias_correction import correct_bias
         from ..quant.calibrate import as_feeds
 
         graph = copy.deepcopy(self.template)
         apply_parameters(graph, self.plan, self.observers, self.config, lambda m: None)
         compute = {name for name, kind in self.plan.kinds.items() if kind == "compute"}
-        correct_bias(graph, [as_feeds(graph, batch) for batch in data], compute)
-        for node in self.template.nodes:
-            if node.name in compute and len(node.inputs) > 2 and node.inputs[2]:
+        feeds = [as_feeds(graph, batch) for batch in data]
+        if config.adaround:
+            self.log(f"AdaRound: learning the rounding of {len(compute)} layers' weights (minutes; "
+                     + (f"cached in {config.adaround_cache})" if config.adaround_cache else "not cached)"))
+            report = adaround(graph, feeds, compute, iterations=config.adaround_iters,
+                              bias_correction=config.adaround_bias_correction,
+                              cache_dir=config.adaround_cache or None)
+            self.log(f"AdaRound rounded {100 * report['flipped_share']:.2f} % of the weights the other way than "
+                     f"nearest ({report['reused']} of {report['layers']} layers from the cache)")
+        if config.bias_correction:
+            correct_bias(graph, feeds, compute)
+        codes = {}
+        for node in graph.nodes:
+            if node.name not in compute:
+                continue
+            if len(node.inputs) > 2 and node.inputs[2]:
                 self.template.values[node.inputs[2]].data = np.array(graph.values[node.inputs[2]].data, np.float32)
+            if config.adaround:
+                w = self.template.values[node.inputs[1]]
+                codes[node.inputs[1]] = graph.values[node.quant["weight"]].data
+                w.data = within_codes(w.data, codes[node.inputs[1]], graph.values[node.inputs[1]].quant)
+        return codes
+
+    def _report_rounding_kept(self, start_codes: dict) -> None:
+        """Log how many of AdaRound's weight codes the first step's decision reproduces (a
+        weight scale follows the weights, so the moved weights may shift it)."""
+        graph = self.quantized()
+        stored = {n.inputs[1]: graph.values[n.quant["weight"]].data for n in graph.nodes if "weight" in n.quant}
+        same = sum(int(np.count_nonzero(stored[name] == codes)) for name, codes in start_codes.items())
+        total = sum(codes.size for codes in start_codes.values())
+        self.log(f"the trained weights start with {same} of AdaRound's {total} weight codes"
+                 + ("" if same == total else " (the rest where a weight scale moved with the flipped weights)"))
 
     # -- the integers of the current weights ----------------------------------------------
     def quantized(self, log=None):

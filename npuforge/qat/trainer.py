@@ -39,6 +39,7 @@ class QATConfig(TrainConfig):
     rounding: str = "fixedpoint"
     learn_scales: bool = False  # LSQ: activation scales learnt too (npuforge.qat.program)
     best_start: bool = False  # start from the better on validation of plain PTQ and equalize + bias correction
+    # (quant["adaround"]: each from AdaRound's rounding)
 
     def __post_init__(self):
         super().__post_init__()
@@ -149,8 +150,12 @@ class QATTrainer(Trainer):
                 if len(x):
                     yield x.numpy()
 
+        quant = dict(cfg.quant)
+        if quant.get("adaround") and not quant.get("adaround_cache"):  # a resumed run does not learn it again
+            quant["adaround_cache"] = str(self.out / "adaround")
+
         def program(extra):
-            return QATProgram(self.graph, batches(), {**cfg.quant, **extra}, rounding=cfg.rounding, log=self.log,
+            return QATProgram(self.graph, batches(), {**quant, **extra}, rounding=cfg.rounding, log=self.log,
                               learn_scales=cfg.learn_scales)
 
         if cfg.best_start:

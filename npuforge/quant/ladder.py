@@ -2,8 +2,10 @@
 drop on a held-out part of the calibration folder (images spread evenly over it).
 
 The rungs: the defaults; equalization and bias correction; those and AdaRound; QAT
-(``npuforge qat``, distilling the float model on the calibration part, from the
-equalized and bias-corrected weights). Each rung is
+(``npuforge qat --best-start``, distilling the float model on the calibration part: it
+holds out a fifth of that part, starts from the better there of the first two rungs'
+programs, and ranks that start with its epochs, so it writes the start when every epoch
+drifts from the float model). Each rung is
 quantized from the calibration part only and scored by the integer simulator on the
 held-out part: the drop is the float model's top-1 there minus the quantized model's
 when the folder has labels, else 100 minus their top-1 agreement. The first rung whose
@@ -120,10 +122,12 @@ def _qat_rung(graph, calib: list, config: QuantConfig, epochs: int, lr: float, l
             (folder / f"{k:06d}{Path(path).suffix}").symlink_to(Path(path).resolve())
         quant = {k: v for k, v in config.to_dict().items() if k in ("granularity", "activation_dtype", "symmetric",
                                                                      "tflite_multipliers", "method", "reduce_range")}
-        quant.update(equalize=True, bias_correction=True)  # from the second rung's starting point
+        # the start: the better of the first two rungs' programs on QAT's own validation fifth (which
+        # start is closer differs by model and granularity: docs/benchmarks.md)
+        train = max(len(calib) - max(round(0.2 * len(calib)), 1), 1)  # as QAT's seeded split counts
         cfg = QATConfig(model=graph.name, data=str(folder), output=str(Path(tmp) / "run"),
-                        result=str(Path(tmp) / "qat.nfir"), quant=quant, epochs=epochs, lr=lr, batch_size=min(16, len(calib)),
-                        val_split=0.0, num_calib=min(100, len(calib)), label_smoothing=0.0, crop_scale=0.5,
-                        workers=2)
+                        result=str(Path(tmp) / "qat.nfir"), quant=quant, epochs=epochs, lr=lr,
+                        batch_size=min(16, train), val_split=0.2, best_start=True, num_calib=min(100, train),
+                        label_smoothing=0.0, crop_scale=0.5, workers=2)
         qat(cfg, graph, log=lambda m: log(f"    {m}"), progress=False)
         return npuforge.load(Path(tmp) / "qat.nfir")
