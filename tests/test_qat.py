@@ -245,6 +245,35 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path):
     assert (whole / "q.safetensors").read_bytes() == (parts / "q.safetensors").read_bytes()
 
 
+def test_flipped_weights_are_placed_where_a_squared_error_scale_keeps_adaround_s_codes():
+    """Per tensor the weight scale is chosen by squared error, so moving AdaRound's flipped
+    weights can move it and every code with it: placed a quarter step inside their chosen
+    interval, this tensor's scale moves; ``place_at_codes`` places them deeper until the
+    quantizer's decision is AdaRound's."""
+    from npuforge.qat.program import place_at_codes, within_codes
+    from npuforge.quant.params import weight_params
+    from npuforge.quant.quantize import _weight_clip
+
+    def decide(w):  # quantize's per-tensor weight decision
+        wp = weight_params(w, None, clip=_weight_clip(w, None, "mse", 127))
+        return wp, wp.quantize(w)
+
+    rng = np.random.default_rng(1140)
+    w = (rng.standard_normal(72) * 0.1).astype(np.float32)
+    w[0] = 0.9  # an outlier: the clipping bound is a choice
+    wp, nearest = decide(w)
+    frac = w / np.asarray(wp.scale) - nearest
+    flip = np.argsort(-np.abs(frac))[:6]  # the six nearest a boundary, rounded the other way
+    codes = nearest.copy()
+    codes[flip] += np.sign(frac[flip]).astype(codes.dtype)
+    assert not np.array_equal(decide(within_codes(w, codes, wp, 0.25))[1], codes)  # a quarter step: the scale moves
+    placed = place_at_codes({"w": (w, wp)}, {"w": codes}, lambda ws: {n: decide(v)[1] for n, v in ws.items()})
+    np.testing.assert_array_equal(decide(placed["w"])[1], codes)
+    kept = np.ones(w.size, bool)
+    kept[flip] = False
+    np.testing.assert_array_equal(placed["w"][kept], w[kept])  # only the flipped weights move
+
+
 def test_an_adaround_start_is_learnt_once_and_resumes_from_its_cache(tmp_path):
     """--adaround: QAT starts from AdaRound's program (its integers: the forward test above),
     whose rounding is cached in the run directory; a resumed run reuses it and ends where

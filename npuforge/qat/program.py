@@ -45,9 +45,12 @@ from ..sim.integer import IntegerSimulator, quantize_input
 START_STEPS = (("equalize", "equalize"), ("adaround", "AdaRound"), ("bias_correction", "bias correction"))
 
 
-def within_codes(w: np.ndarray, codes: np.ndarray, wp) -> np.ndarray:
+INSETS = (0.25, 0.3, 0.4, 0.45)  # steps inside a chosen code's interval, tried in turn (``place_at_codes``)
+
+
+def within_codes(w: np.ndarray, codes: np.ndarray, wp, inset: float = 0.25) -> np.ndarray:
     """``w`` with every weight that does not round to its entry of ``codes`` (symmetric
-    int8, scales ``wp``) moved a quarter step inside that code's interval, on the side it
+    int8, scales ``wp``) moved ``inset`` steps inside that code's interval, on the side it
     came from; the others unchanged."""
     scale = np.asarray(wp.scale, np.float64)
     if scale.size > 1:
@@ -55,8 +58,30 @@ def within_codes(w: np.ndarray, codes: np.ndarray, wp) -> np.ndarray:
         shape[wp.axis] = -1
         scale = scale.reshape(shape)
     nearest, q = wp.quantize(w).astype(np.float64), codes.astype(np.float64)
-    inside = (q - 0.25 * np.sign(q - nearest)) * scale
+    inside = (q - (0.5 - inset) * np.sign(q - nearest)) * scale
     return np.where(nearest == q, w, inside).astype(w.dtype)
+
+
+def place_at_codes(start: dict, codes: dict, decide) -> dict:
+    """Float weights that quantize to ``codes`` (AdaRound's choice): {name: (float weights,
+    their scales)} -> {name: weights} by ``within_codes``, a quarter step inside first (the
+    mean distance of the kept weights from their nearer boundary, so the float weights move
+    least). ``decide({name: weights}) -> {name: stored codes}`` is the quantizer's decision;
+    where a weight scale follows the moved weights (per tensor the clipping bound is chosen
+    by squared error) a tensor's flipped weights go deeper, nearer the code (``INSETS``: less
+    squared error at AdaRound's scale), until its decision is ``codes``; a tensor no inset
+    reproduces keeps the deepest."""
+    placed = {name: within_codes(w, codes[name], wp, INSETS[0]) for name, (w, wp) in start.items()}
+    pending = list(start)
+    for inset in INSETS:
+        for name in pending:
+            w, wp = start[name]
+            placed[name] = within_codes(w, codes[name], wp, inset)
+        stored = decide(placed)
+        pending = [name for name in pending if not np.array_equal(stored[name], codes[name])]
+        if not pending:
+            break
+    return placed
 
 
 class _Scaled:
@@ -171,8 +196,7 @@ class QATProgram(torch.nn.Module):
 
         Biases: the corrected float biases, copied. Weights: a weight that rounds to the
         code AdaRound chose keeps its float value; one AdaRound rounded the other way moves
-        to a quarter step inside that code's interval, past the boundary it crossed (a
-        quarter step: the mean distance of the kept weights from their nearer boundary). So
+        inside that code's interval, past the boundary it crossed (``place_at_codes``). So
         the first step rounds as AdaRound did, and the float weights stay where they were
         but for those flips."""
         from ..quant.adaround import adaround
@@ -193,17 +217,26 @@ class QATProgram(torch.nn.Module):
                      f"nearest ({report['reused']} of {report['layers']} layers from the cache)")
         if config.bias_correction:
             correct_bias(graph, feeds, compute)
-        codes = {}
+        codes, start = {}, {}  # weight name -> AdaRound's codes; -> (float weights, their scales)
         for node in graph.nodes:
             if node.name not in compute:
                 continue
             if len(node.inputs) > 2 and node.inputs[2]:
                 self.template.values[node.inputs[2]].data = np.array(graph.values[node.inputs[2]].data, np.float32)
             if config.adaround:
-                w = self.template.values[node.inputs[1]]
                 codes[node.inputs[1]] = graph.values[node.quant["weight"]].data
-                w.data = within_codes(w.data, codes[node.inputs[1]], graph.values[node.inputs[1]].quant)
+                start[node.inputs[1]] = (self.template.values[node.inputs[1]].data, graph.values[node.inputs[1]].quant)
+        if codes:
+            for name, w in place_at_codes(start, codes, self._decide).items():
+                self.template.values[name].data = w
         return codes
+
+    def _decide(self, weights: dict) -> dict:
+        """{weight name: int8 codes} that ``quantize`` stores for the template with ``weights``."""
+        memo = {id(self.template.values[name].data): w for name, w in weights.items()}
+        graph = copy.deepcopy(self.template, memo)
+        apply_parameters(graph, self.plan, self.observers, self.config, lambda m: None)
+        return {n.inputs[1]: graph.values[n.quant["weight"]].data for n in graph.nodes if "weight" in n.quant}
 
     def _report_rounding_kept(self, start_codes: dict) -> None:
         """Log how many of AdaRound's weight codes the first step's decision reproduces (a
