@@ -71,8 +71,7 @@ def place_at_codes(start: dict, codes: dict, decide) -> dict:
     by squared error) a tensor's flipped weights go deeper, nearer the code (``INSETS``: less
     squared error at AdaRound's scale), until its decision is ``codes``; a tensor no inset
     reproduces keeps the deepest."""
-    placed = {name: within_codes(w, codes[name], wp, INSETS[0]) for name, (w, wp) in start.items()}
-    pending = list(start)
+    placed, pending = {}, list(start)
     for inset in INSETS:
         for name in pending:
             w, wp = start[name]
