@@ -62,6 +62,11 @@ def within_codes(w: np.ndarray, codes: np.ndarray, wp, inset: float = 0.25) -> n
     return np.where(nearest == q, w, inside).astype(w.dtype)
 
 
+def weight_codes(qgraph) -> dict:
+    """{float weight name: its int8 codes} of a quantized graph."""
+    return {n.inputs[1]: qgraph.values[n.quant["weight"]].data for n in qgraph.nodes if "weight" in n.quant}
+
+
 def place_at_codes(start: dict, codes: dict, decide) -> dict:
     """Float weights that quantize to ``codes`` (AdaRound's choice): {name: (float weights,
     their scales)} -> {name: weights} by ``within_codes``, a quarter step inside first (the
@@ -235,13 +240,13 @@ class QATProgram(torch.nn.Module):
         memo = {id(self.template.values[name].data): w for name, w in weights.items()}
         graph = copy.deepcopy(self.template, memo)
         apply_parameters(graph, self.plan, self.observers, self.config, lambda m: None)
-        return {n.inputs[1]: graph.values[n.quant["weight"]].data for n in graph.nodes if "weight" in n.quant}
+        return weight_codes(graph)
 
     def _report_rounding_kept(self, start_codes: dict) -> None:
         """Log how many of AdaRound's weight codes the first step's decision reproduces (a
         weight scale follows the weights, so the moved weights may shift it)."""
         graph = self.quantized()
-        stored = {n.inputs[1]: graph.values[n.quant["weight"]].data for n in graph.nodes if "weight" in n.quant}
+        stored = weight_codes(graph)
         same = sum(int(np.count_nonzero(stored[name] == codes)) for name, codes in start_codes.items())
         total = sum(codes.size for codes in start_codes.values())
         self.log(f"the trained weights start with {same} of AdaRound's {total} weight codes"
