@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from .errors import CheckError, NpuforgeError
+from .outputs import Planned, add_force_option, check_outputs, input_files
 
 
 def parse_input_shapes(specs: list[str] | None) -> dict:
@@ -294,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "same integers, one rounding) or onnx (float scales, round half to even, as ONNX QLinear ops)")
     p.add_argument("--sim-engine", choices=("auto", "ort", "plain"), default="auto", help=SIM_ENGINE_HELP)
     p.add_argument("--codes", action="store_true", help="with --mode int: write the outputs' integer codes")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, outputs=lambda a: [Planned(Path(a.output), "npz", "--output")] if a.output else [])
 
     p = sub.add_parser("ops", help="list the supported ops (the op registry)",
                        description="List every op npuforge covers: its quantization rule (compute, matmul, "
@@ -357,7 +358,19 @@ def build_parser() -> argparse.ArgumentParser:
     for p in sub.choices.values():  # every command that reads a MODEL can fix its input sizes
         if any(a.dest == "model" for a in p._actions):
             add_input_shape_option(p)
+    for p in command_parsers(parser):  # every command that writes files can be told to replace them
+        if p.get_default("outputs") is not None:
+            add_force_option(p)
     return parser
+
+
+def command_parsers(parser):
+    """Every (sub)command's parser, the zoo's included."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for p in action.choices.values():
+                yield p
+                yield from command_parsers(p)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help, or a usage error already printed on one line
         return e.code if isinstance(e.code, int) else 2
     try:
+        plan = getattr(args, "outputs", None)
+        if plan is not None:  # before any work: nothing the user gave is overwritten
+            check_outputs(plan(args), input_files(args), force=args.force)
         return args.func(args)
     except NpuforgeError as e:
         print(f"npuforge: error: {e}", file=sys.stderr)
@@ -377,6 +393,24 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the output was piped into `head` or the like, which stopped reading
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
+    except Exception as e:  # a bug: one line for the user, the traceback behind NPUFORGE_DEBUG=1
+        if os.environ.get("NPUFORGE_DEBUG"):
+            raise
+        print(internal_error_line(args, e), file=sys.stderr)
+        return INTERNAL_ERROR
+
+
+INTERNAL_ERROR = 3  # exit code of an unexpected exception (2: the user's error, 1: check found problems)
+
+
+def internal_error_line(args, error: BaseException) -> str:
+    """``npuforge: internal error: COMMAND on INPUT: Type: reason ...``, one line."""
+    command = " ".join(str(getattr(args, d)) for d in ("command", "zoo_command") if getattr(args, d, None))
+    subject = next((str(getattr(args, d)) for d in ("model", "name") if getattr(args, d, None)), None)
+    reason = " ".join(str(error).split())[:300]
+    return (f"npuforge: internal error: {command}{' on ' + subject if subject else ''}: {type(error).__name__}"
+            f"{': ' + reason if reason else ''} (a bug in npuforge; rerun with NPUFORGE_DEBUG=1 for the traceback "
+            f"and report it)")
 
 
 if __name__ == "__main__":

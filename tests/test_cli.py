@@ -149,11 +149,12 @@ def test_missing_external_data(capsys, tmp_path):
 
 def test_wrong_input_shape_keeps_existing_output(capsys, tmp_path, conv_model):
     np.save(tmp_path / "x.npy", np.ones((1, 3, 9, 8), np.float32))
-    (tmp_path / "out.npz").write_bytes(b"precious")
+    np.savez(tmp_path / "out.npz", y=np.arange(3))  # an earlier run's outputs
+    precious = (tmp_path / "out.npz").read_bytes()
     code, _, err = run_cli(capsys, "run", conv_model, "--input", f"x={tmp_path / 'x.npy'}",
                            "--output", tmp_path / "out.npz")
     assert_user_error(code, err, "input 'x' has shape [1, 3, 9, 8], expected [1,3,8,8]")
-    assert (tmp_path / "out.npz").read_bytes() == b"precious"
+    assert (tmp_path / "out.npz").read_bytes() == precious
 
 
 def test_unreadable_input_file(capsys, tmp_path, conv_model):

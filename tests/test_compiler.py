@@ -189,11 +189,11 @@ def test_compile_and_run_on_the_command_line(small, capsys):
 def test_budget_honesty_writes_nothing(small, capsys):
     folder, _ = small
     out = folder / "keep.npub"
-    out.write_bytes(b"earlier")
+    out.write_bytes(b"NPUB earlier")  # an earlier program
     assert cli_main(["compile", str(folder / "small.nfir"), "--sram", "1K", "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("npuforge: error: node '") and "bytes over" in err and "\n" not in err
-    assert out.read_bytes() == b"earlier"
+    assert out.read_bytes() == b"NPUB earlier"
 
 
 def test_corrupt_truncated_and_foreign_programs_are_refused(small, capsys):

@@ -54,7 +54,14 @@ def add_analyze_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=25, help="batch size for loading images (default 25)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (one entry per layer)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress messages")
-    p.set_defaults(func=cmd_analyze)
+    p.set_defaults(func=cmd_analyze, outputs=_planned)
+
+
+def _planned(args):
+    from ..outputs import Planned, ir_set
+
+    return (ir_set(args.output, qdq=True) if args.output else []) + (
+        [Planned(Path(args.report), "text", "--report")] if args.report else [])
 
 
 def _load_images(dataset, transform, batch_size):
@@ -78,9 +85,6 @@ def _check(args) -> None:
             raise NpuforgeError(f"--{name.replace('_', '-')} {value}: give a positive number")
     if args.target_drop is not None and args.target_drop < 0:
         raise NpuforgeError(f"--target-drop {args.target_drop}: give a drop in points >= 0")
-    if args.output and Path(args.output).suffix in (".onnx", ".safetensors"):
-        raise NpuforgeError(f"--output {args.output}: name the IR file (e.g. "
-                            f"{Path(args.output).with_suffix('.nfir')}); the .onnx file is written beside it")
 
 
 def _remedies(text: str) -> tuple:

@@ -44,7 +44,14 @@ def add_compile_parser(sub) -> None:
     p.add_argument("--report", metavar="REPORT.html", help="write an HTML report (memory along the schedule, "
                                                             "cycles per layer, compute vs transfer)")
     p.add_argument("--json", action="store_true", help="print one JSON object (totals and per-layer figures)")
-    p.set_defaults(func=cmd_compile)
+    p.set_defaults(func=cmd_compile, outputs=_planned)
+
+
+def _planned(args):
+    from ..outputs import Planned
+
+    return [Planned(Path(args.output), "npub", "--output")] + [
+        Planned(Path(f), "text", option) for f, option in ((args.csv, "--csv"), (args.report, "--report")) if f]
 
 
 def cmd_compile(args) -> int:

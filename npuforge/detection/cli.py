@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+from pathlib import Path
+
 from ..argtypes import positive_int
+from ..outputs import Planned
 
 
 def add_detection_set_parser(sub) -> None:
@@ -23,7 +26,7 @@ def add_detection_set_parser(sub) -> None:
                                                                                     "(default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_detection_set)
+    p.set_defaults(func=cmd_detection_set, outputs=lambda a: [Planned(Path(a.output), "dir", "--output")])
 
 
 def cmd_detection_set(args) -> int:
@@ -67,7 +70,22 @@ def add_detect_parser(sub) -> None:
                         "int for a quantized IR, else float")
     p.add_argument("--output", "-o", metavar="OUT", help="annotated image (PNG) for one IMAGE, a folder for several")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_detect)
+    p.set_defaults(func=cmd_detect, outputs=_planned_drawings)
+
+
+def _planned_drawings(args):
+    """One annotated PNG at OUT for one image; for several, a folder OUT with IMAGE_STEM.png each."""
+    from pathlib import Path
+
+    from ..outputs import Planned
+
+    if not args.output:
+        return []
+    if len(args.images) == 1:
+        return [Planned(Path(args.output), "png", "--output")]
+    out = Path(args.output)
+    return [Planned(out, "dir", "--output")] + [Planned(out / f"{Path(name).stem}.png", "png", "--output",
+                                                        f"the drawing of {name}") for name in args.images]
 
 
 def load_detector(spec: str):

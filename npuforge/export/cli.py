@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..errors import NpuforgeError
 from ..fileio import write_atomic
+from ..outputs import Planned
 
 FORMATS = ("tflite", "onnx")
 
@@ -30,7 +31,7 @@ def add_export_parser(sub) -> None:
                    help="after writing, run N seeded random inputs through LiteRT's reference kernels and the "
                         "integer simulator and print how many agree bit for bit (needs ai-edge-litert)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_export)
+    p.set_defaults(func=cmd_export, outputs=lambda a: [Planned(Path(a.output), a.format, "--output")])
 
 
 def _random_batches(graph, n: int, seed: int = 0):

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import NpuforgeError
+from ..outputs import ir_set
 
 
 def _save_atomically(graph, out: Path) -> None:
@@ -54,9 +55,6 @@ def cmd_optimize(args) -> int:
         raise NpuforgeError("optimize needs MODEL and --output OUT (or --list to list the passes)")
     passes = resolve_passes(args.passes) if args.passes is not None else None  # unknown names fail first
     out = Path(args.output)
-    if out.suffix == ".safetensors":
-        raise NpuforgeError(f"--output {out}: name the text graph (e.g. model.nfir); the weights go to "
-                            f"{weights_path(out.with_suffix('.nfir')).name} beside it")
     graph = load(args.model, input_shapes=parse_input_shapes(args.input_shape))
 
     def progress(result):
@@ -105,7 +103,7 @@ def add_optimize_parser(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
     p.add_argument("--list", action="store_true", help="list the passes in pipeline order and exit")
-    p.set_defaults(func=cmd_optimize)
+    p.set_defaults(func=cmd_optimize, outputs=lambda a: ir_set(a.output) if a.output else [])
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..quant.config import ACTIVATION_DTYPES, GRANULARITIES
 from ..argtypes import non_negative, positive_float, positive_int
+from ..outputs import Planned, ir_set
 from ..train.cli import add_length_options
 
 
@@ -73,7 +74,8 @@ def add_qat_parser(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue from the run directory's last.pt")
     p.add_argument("--json", action="store_true", help="print the final record as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=cmd_qat)
+    p.set_defaults(func=cmd_qat, outputs=lambda a: ir_set(a.output) + [
+        Planned(Path(a.run_dir or Path(a.output).with_suffix(".qat")), "dir", "--run-dir")])
 
 
 def cmd_qat(args) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import NpuforgeError
 from ..argtypes import positive_int
+from ..outputs import ir_set
 from .config import ACTIVATION_DTYPES, GRANULARITIES, QuantConfig
 from .observers import METHODS
 
@@ -86,7 +87,7 @@ def add_quantize_parser(sub) -> None:
     p.add_argument("--output", "-o", required=True, metavar="OUT", help="the quantized IR to write (e.g. q.nfir)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_quantize)
+    p.set_defaults(func=cmd_quantize, outputs=lambda a: ir_set(a.output, qdq=True))
 
 
 def _names(text: str) -> list[str]:
@@ -147,9 +148,6 @@ def cmd_quantize(args) -> int:
     from .quantize import quantize
 
     out = Path(args.output)
-    if out.suffix in (".onnx", ".safetensors"):
-        raise NpuforgeError(f"--output {out}: name the IR file (e.g. {out.with_suffix('.nfir')}); "
-                            f"the .onnx and .safetensors files are written beside it")
     if args.num_calib < 1:
         raise NpuforgeError(f"--num-calib {args.num_calib}: give a positive number of images")
     config = QuantConfig(method=args.method, granularity=args.granularity, activation_dtype=args.activation_dtype,

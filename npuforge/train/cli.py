@@ -7,9 +7,11 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 from ..argtypes import non_negative, positive_float, positive_int
 from ..errors import NpuforgeError
+from ..outputs import Planned
 
 
 def add_length_options(p, default_epochs: int) -> None:
@@ -109,7 +111,7 @@ def add_train_parser(sub) -> None:
                         "detector's input side S, a multiple of 32 (default 160)")
     p.add_argument("--json", action="store_true", help="print the final record as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, outputs=lambda a: [Planned(Path(a.output), "dir", "--output")])
 
 
 def cmd_train(args) -> int:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..argtypes import positive_int
 from ..errors import NpuforgeError
+from ..outputs import Planned
 
 
 def _run_checkpoint(args):
@@ -274,7 +275,7 @@ def add_zoo_parser(subparsers) -> None:
     _model_options(p, "load the published weights (default: yes when the model has them and no --checkpoint)")
     p.add_argument("--output", "-o", required=True, metavar="FILE.onnx", help="where to write the model")
     p.add_argument("--opset", type=positive_int, default=17, help="ONNX opset (default 17)")
-    p.set_defaults(func=cmd_export)
+    p.set_defaults(func=cmd_export, outputs=lambda a: [Planned(Path(a.output), "onnx", "--output")])
 
     from ..train.cli import add_train_parser
 
