@@ -19,5 +19,12 @@ def _bounded(cast, noun: str, ok, rule: str):
 
 
 positive_int = _bounded(int, "an integer", lambda v: v >= 1, "must be at least 1")
+non_negative_int = _bounded(int, "an integer", lambda v: v >= 0, "must be 0 or more")
 positive_float = _bounded(float, "a number", lambda v: v > 0, "must be positive")
 non_negative = _bounded(float, "a number", lambda v: v >= 0, "must be 0 or more")
+fraction_below_one = _bounded(float, "a number", lambda v: 0 <= v < 1, "must be 0 or more and below 1")
+
+
+def int_between(low: int, high: int, what: str):
+    """An integer from ``low`` to ``high``; ``what`` says why those (e.g. 'opsets npuforge reads')."""
+    return _bounded(int, "an integer", lambda v: low <= v <= high, f"is not one of the {what} ({low} to {high})")

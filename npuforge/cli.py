@@ -104,10 +104,17 @@ def parse_inputs(names: list, specs: list[str], what: str = "graph", read=None) 
         if arr is not None:
             feeds[name] = arr
             continue
+        from .zoo.data import IMAGE_EXTENSIONS
+
+        if Path(file).suffix.lower() in IMAGE_EXTENSIONS:
+            raise NpuforgeError(f"--input {spec}: an image; `npuforge run` reads images only for an .npub program "
+                                f"(which records its preprocessing): give this {what} a preprocessed .npy array, or "
+                                f"classify images with `npuforge eval`")
         try:
             feeds[name] = np.load(file, allow_pickle=False)
         except (OSError, ValueError) as e:
-            raise NpuforgeError(f"--input {spec}: cannot read {file} as .npy ({e})") from None
+            reason = "not a .npy file" if "pickled" in str(e) or "magic" in str(e).lower() else str(e)
+            raise NpuforgeError(f"--input {spec}: cannot read {file} as .npy ({reason})") from None
     return feeds
 
 
@@ -181,7 +188,7 @@ def cmd_eval(args) -> int:
         from .detection.cli import eval_detection
 
         return eval_detection(args)
-    from .workflow import check_input_size, forward_of, resolve_model, stderr_log, transform_of
+    from .workflow import batch_size_for, check_input_size, forward_of, resolve_model, stderr_log, transform_of
     from .zoo.data import ImageDataset
     from .zoo.evaluate import evaluate_logits
 
@@ -209,6 +216,7 @@ def cmd_eval(args) -> int:
         graph = resolve_model(args.model, args.preprocess, log=stderr_log,
                               input_shapes=parse_input_shapes(args.input_shape))
         check_input_size(graph, args.model)
+        args.batch_size = batch_size_for(graph, args.batch_size, args.model, None if args.json else stderr_log)
         forward = forward_of(graph, args.engine, sim_engine=args.sim_engine)
     table = args.class_table
     if table is None and "class_table" in graph.metadata:  # a training run's classes

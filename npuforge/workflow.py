@@ -146,6 +146,26 @@ def check_input_size(graph, where: str) -> None:
                             f"zoo model of input size {shape[2]}x{shape[3]}")
 
 
+def batch_size_for(graph, requested: int, where: str, log=None) -> int:
+    """The batch size to evaluate ``graph`` with: ``requested`` unless the model fixes its batch dim.
+    A batch fixed at 1 (most TFLite files and many exports) evaluates one image at a time; another
+    fixed size must be asked for; a batch dim of 0 is the model's fault, not --batch-size's."""
+    if requested < 1:
+        raise NpuforgeError(f"--batch-size {requested}: give a positive number")
+    shape = graph.values[graph.inputs[0]].shape
+    fixed = shape[0] if shape and isinstance(shape[0], int) else None
+    if fixed is None or fixed == requested:
+        return requested
+    if fixed < 1:
+        raise NpuforgeError(f"{where}: input '{graph.inputs[0]}' has batch dim {fixed} in the model; re-export it "
+                            f"with a dynamic batch or a batch of 1")
+    if fixed == 1:
+        if log is not None:
+            log(f"{where}: the model's batch is fixed at 1; evaluating one image at a time")
+        return 1
+    raise NpuforgeError(f"{where}: input '{graph.inputs[0]}' has a fixed batch of {fixed}; give --batch-size {fixed}")
+
+
 def forward_of(graph, engine: str = "npuforge", onnx_path: Path | None = None, sim_engine: str = "auto"):
     """A batch -> logits function for the engine: npuforge (float, or fake-quant for a
     quantized graph), ort (ONNX Runtime on the ONNX / QDQ form) or int (the integer

@@ -167,9 +167,7 @@ def _draw(path, img, boxes, scores) -> None:
 def cmd_detect(args) -> int:
     from pathlib import Path
 
-    from PIL import Image, UnidentifiedImageError
-
-    from ..errors import NpuforgeError
+    from ..images import read_rgb
 
     graph = load_detector(args.model)
     quantized = any(v.quant is not None for v in graph.values.values())
@@ -180,12 +178,7 @@ def cmd_detect(args) -> int:
     out_dir = Path(args.output) if args.output and len(args.images) > 1 else None
     report = []
     for name in args.images:
-        try:
-            with Image.open(name) as im:
-                im.load()
-                img = im.convert("RGB")
-        except (OSError, UnidentifiedImageError) as e:
-            raise NpuforgeError(f"{name}: cannot read the image ({e})") from None
+        img = read_rgb(name)
         x, back = prepare(img)
         boxes, scores, labels = read(run({graph.inputs[0]: x}), back)
         report.append({"image": name, "detections": [{"box": [round(v, 1) for v in b], "score": round(float(s), 4),
@@ -225,8 +218,9 @@ def _runner(graph, engine: str, where: str):
 
 def eval_detection(args) -> int:
     """``npuforge eval MODEL --task detection --data DIR --annotations COCO.json``: COCO mAP."""
-    from PIL import Image
     from tqdm import tqdm
+
+    from ..images import read_rgb
 
     from ..errors import NpuforgeError
     from .coco import load_coco
@@ -264,8 +258,7 @@ def eval_detection(args) -> int:
     images = ds.images[args.skip:][:args.limit] if args.limit else ds.images[args.skip:]
     found = {}
     for im in tqdm(images, unit="img", desc="detecting", disable=args.quiet or args.json, leave=False):
-        with Image.open(ds.image_path(im)) as img:
-            x, back = prepare(img.convert("RGB"))
+        x, back = prepare(read_rgb(ds.image_path(im)))
         b, s, labels = read(run({graph.inputs[0]: x}), back)
         found[im["id"]] = (b, s, [ids[int(c)] for c in labels])
     m = coco_map(ds, found)

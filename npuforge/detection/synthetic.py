@@ -20,6 +20,7 @@ from PIL import Image
 
 from ..errors import NpuforgeError
 from ..fileio import write_atomic
+from ..images import read_rgb
 from ..zoo.data import _is_image
 
 SHAPES = ("square", "circle", "triangle", "cross")
@@ -38,13 +39,11 @@ def _mask(shape: str, w: int, h: int) -> np.ndarray:
 
 
 def _photo(path: Path, size: int) -> np.ndarray:
-    with Image.open(path) as img:
-        img = img.convert("RGB")
-        scale = size / min(img.size)
-        img = img.resize((max(size, round(img.width * scale)), max(size, round(img.height * scale))),
-                         Image.BILINEAR)
-        left, top = (img.width - size) // 2, (img.height - size) // 2
-        return np.asarray(img.crop((left, top, left + size, top + size)), np.uint8).copy()
+    img = read_rgb(path)  # an unreadable photo is a one-line error naming it
+    scale = size / min(img.size)
+    img = img.resize((max(size, round(img.width * scale)), max(size, round(img.height * scale))), Image.BILINEAR)
+    left, top = (img.width - size) // 2, (img.height - size) // 2
+    return np.asarray(img.crop((left, top, left + size, top + size)), np.uint8).copy()
 
 
 def render(photo: np.ndarray, rng: np.random.Generator, max_objects: int) -> tuple[np.ndarray, list]:

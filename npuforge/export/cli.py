@@ -6,6 +6,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from ..argtypes import non_negative_int
 from ..errors import NpuforgeError
 from ..fileio import write_atomic
 from ..outputs import Planned
@@ -27,7 +28,7 @@ def add_export_parser(sub) -> None:
     p.add_argument("--io", choices=("int8", "float"), default="int8",
                    help="TFLite inputs and outputs: int8 codes (default; what NPU compilers take) or float32 "
                         "behind QUANTIZE / DEQUANTIZE")
-    p.add_argument("--check-litert", type=int, default=0, metavar="N",
+    p.add_argument("--check-litert", type=non_negative_int, default=0, metavar="N",
                    help="after writing, run N seeded random inputs through LiteRT's reference kernels and the "
                         "integer simulator and print how many agree bit for bit (needs ai-edge-litert)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -52,6 +53,8 @@ def cmd_export(args) -> int:
     from .. import load
     from ..cli import parse_input_shapes
 
+    if args.check_litert and (args.format != "tflite" or args.io != "int8"):  # before anything is written
+        raise NpuforgeError("--check-litert compares an int8-io TFLite export (--format tflite --io int8)")
     graph = load(args.model, input_shapes=parse_input_shapes(args.input_shape) or None)
     out = Path(args.output)
     quantized = any(v.quant is not None for v in graph.values.values())
@@ -69,8 +72,6 @@ def cmd_export(args) -> int:
     write_atomic(out, data)
     report = {"output": str(out), "format": args.format, "bytes": len(data), "ops": dict(ops.most_common())}
     if args.check_litert:
-        if args.format != "tflite" or args.io != "int8":
-            raise NpuforgeError("--check-litert compares an int8-io TFLite export (--format tflite --io int8)")
         from .litert_check import compare
 
         report["litert_reference"] = compare(graph, data, _random_batches(graph, args.check_litert))

@@ -402,26 +402,21 @@ class LoweredSimulator:
 
         self.plain = IntegerSimulator(graph, rounding)
         self.graph, self.rounding = graph, rounding
-        builder = None
-        if form in (None, "qoperator"):
-            try:
-                builder = QOperatorBuilder(self.plain)
-                self.model, self.form = builder.build(), "qoperator"
-            except UnsupportedError:
-                if form == "qoperator":
-                    raise
-                builder = None
-        if builder is None:
-            builder = _Builder(self.plain)
-            self.model, self.form = builder.build(), "float"
-        self.lowering = builder.report
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
-        self.session = ort.InferenceSession(self.model.SerializeToString(), options,
-                                            providers=["CPUExecutionProvider"],
-                                            disabled_optimizers=DISABLED_OPTIMIZERS)
+        forms = {"qoperator": QOperatorBuilder, "float": _Builder}
+        for self.form in [form] if form else list(forms):
+            try:
+                builder = forms[self.form](self.plain)
+                self.model = builder.build()
+                self.session = _session(self.model, options)
+                break
+            except UnsupportedError:
+                if self.form == (form or "float"):  # the last form to try
+                    raise
+        self.lowering = builder.report
 
     def run(self, feeds: dict, outputs: list[str] | None = None, dequantize: bool = True) -> dict:
         g = self.graph
@@ -446,6 +441,19 @@ class LoweredSimulator:
             q = y if self.form == "qoperator" else (y + np.float32(int(p.zero_point))).astype(NP_INT[p.dtype])
             result[name] = dequantize_output(q, p) if dequantize else q
         return result
+
+
+def _session(model, options):
+    """ONNX Runtime's session of a lowered graph; a graph it refuses (its shape inference, a kernel it
+    lacks) is an UnsupportedError, so the next form or the plain simulator takes over."""
+    import onnxruntime as ort
+
+    try:
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
+                                    disabled_optimizers=DISABLED_OPTIMIZERS)
+    except Exception as e:  # ONNX Runtime raises its own exception types
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise UnsupportedError(f"ONNX Runtime cannot load the lowered graph ({first})") from None
 
 
 def make_simulator(graph, rounding: str = "fixedpoint", engine: str = "auto"):

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..argtypes import non_negative, positive_float, positive_int
+from ..argtypes import fraction_below_one, non_negative, positive_float, positive_int
 from ..errors import NpuforgeError
 from ..outputs import Planned
 
@@ -72,7 +72,7 @@ def add_train_parser(sub) -> None:
     p.add_argument("--weight-decay", type=non_negative, default=5e-5, metavar="WD",
                    help="on weights only, not on biases and normalization parameters (default 5e-5)")
     p.add_argument("--warmup-epochs", type=non_negative, default=0.0, metavar="E", help="linear warm-up (default 0)")
-    p.add_argument("--label-smoothing", type=non_negative, default=None, metavar="S",
+    p.add_argument("--label-smoothing", type=fraction_below_one, default=None, metavar="S",
                    help="default 0.1 (classifiers only)")
     p.add_argument("--crop-scale", type=positive_float, default=None, metavar="F",
                    help="smallest area fraction of the random resized crop (default 0.08; 0.3-0.5 suits fine-tuning "

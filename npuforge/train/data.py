@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
+
+from ..images import ImageReadError, read_rgb
 
 from ..errors import NpuforgeError
 from ..zoo.transforms import _RESAMPLE, normalize
@@ -62,10 +64,8 @@ class TrainTransform:
 def open_rgb(path):
     """The image at ``path`` as RGB, or None when it cannot be read (the loaders skip and count it)."""
     try:
-        with Image.open(path) as img:
-            img.load()
-            return img.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+        return read_rgb(path)
+    except ImageReadError:
         return None
 
 

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..argtypes import positive_int
+from ..argtypes import int_between, positive_int
 from ..errors import NpuforgeError
 from ..outputs import Planned
 
@@ -274,7 +274,8 @@ def add_zoo_parser(subparsers) -> None:
                                    "against PyTorch, and write the file only when they agree.")
     _model_options(p, "load the published weights (default: yes when the model has them and no --checkpoint)")
     p.add_argument("--output", "-o", required=True, metavar="FILE.onnx", help="where to write the model")
-    p.add_argument("--opset", type=positive_int, default=17, help="ONNX opset (default 17)")
+    p.add_argument("--opset", type=int_between(13, 20, "opsets PyTorch's exporter writes and npuforge reads"), default=17,
+                   help="ONNX opset, 13 to 20 (default 17)")
     p.set_defaults(func=cmd_export, outputs=lambda a: [Planned(Path(a.output), "onnx", "--output")])
 
     from ..train.cli import add_train_parser

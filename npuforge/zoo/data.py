@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from ..images import ImageReadError, read_rgb
 
 from ..errors import NpuforgeError
 
@@ -165,12 +165,10 @@ class ImageDataset:
     def __getitem__(self, i: int):
         path, label = self.samples[i]
         try:
-            with Image.open(path) as img:
-                img.load()
-                img = img.convert("RGB")
-        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
+            img = read_rgb(path)
+        except ImageReadError as e:
             with self._lock:
-                self.skipped.append((str(path), f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+                self.skipped.append((str(path), str(e).removeprefix(f"{path}: ")))
             return None, label, path
         return img, label, path
 

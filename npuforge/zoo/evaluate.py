@@ -109,7 +109,7 @@ def evaluate(model: torch.nn.Module, dataset: ImageDataset, transform=None, *, b
 @torch.no_grad()
 def predict(model: torch.nn.Module, images, k: int = 5, transform=None, class_names=None) -> list[dict]:
     """Top-``k`` (class index, name, probability) for each image path."""
-    from PIL import Image, UnidentifiedImageError
+    from ..images import read_rgb
 
     config = getattr(model, "zoo_config", None)
     transform = transform or eval_transform(config)
@@ -119,11 +119,7 @@ def predict(model: torch.nn.Module, images, k: int = 5, transform=None, class_na
         path = Path(path)
         if not path.is_file():
             raise NpuforgeError(f"{path}: no such image file")
-        try:
-            with Image.open(path) as img:
-                arrays.append(transform(img.convert("RGB")))
-        except (UnidentifiedImageError, OSError, ValueError) as e:
-            raise NpuforgeError(f"{path}: cannot read the image ({type(e).__name__}); is it a valid image file?") from None
+        arrays.append(transform(read_rgb(path)))
     was_training = model.training
     model.eval()
     try:
