@@ -50,8 +50,12 @@ def read_class_table(path) -> ClassTable:
     path = Path(path)
     if not path.is_file():
         raise NpuforgeError(f"{path}: no such class table file (--class-table)")
-    with open(path, newline="", encoding="utf-8") as f:
-        return _parse_table(f.read().splitlines(), str(path))
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            text = f.read(1 << 24)  # 16 MiB: far beyond any class table
+    except UnicodeDecodeError:
+        raise NpuforgeError(f"{path}: not a text file; --class-table takes a TSV (index, wnid, name)") from None
+    return _parse_table(text.splitlines(), str(path))
 
 
 def _parse_table(lines: list[str], where: str) -> ClassTable:
