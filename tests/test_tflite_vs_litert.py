@@ -269,3 +269,17 @@ def test_integer_bilinear_is_within_a_code_of_the_float_op():
 def test_transpose(perm):
     assert_bit_exact(nn.Sequential(nn.Conv2d(3, 4, 1), Lambda(lambda x: x.permute(*perm).contiguous())),
                      [(1, 3, 5, 6)])
+
+
+@pytest.mark.parametrize("act", [nn.Hardsigmoid(), nn.SiLU(), nn.GELU(), nn.ELU(), nn.Softplus(), nn.Mish()],
+                         ids=["hard_sigmoid", "swish", "gelu", "elu", "softplus", "mish"])
+def test_tables_without_a_builtin_are_gathered(act):
+    """An elementwise op TFLite has no int8 kernel for is its stored table: CAST, ADD, GATHER."""
+    q, model = assert_bit_exact(Lambda(lambda a, b: act(a + b)), [(1, 4, 16, 16), (1, 4, 16, 16)], scale=3.0)
+    assert "GATHER" in _tflite_op_names(model)
+
+
+def _tflite_op_names(model: bytes) -> list:
+    from npuforge.export.cli import _tflite_ops
+
+    return list(_tflite_ops(model))

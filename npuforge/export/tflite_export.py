@@ -390,14 +390,35 @@ class _Exporter:
         else:
             name = {"Sigmoid": "LOGISTIC", "Tanh": "TANH", "HardSwish": "HARD_SWISH"}[node.op]
             fixed = fixed_output(node.op, yp.dtype)
-            if fixed is not None and not fixed.same_as(yp):
-                _refuse(node, f"TFLite's {name} needs output scale {float(fixed.scale):g}, zero point "
-                              f"{int(fixed.zero_point)} (quantize with --tflite-multipliers)")
+            if fixed is not None and not fixed.same_as(yp):  # no builtin computes it: its table does
+                return self.table(node)
         want = tflite_table(self.g, node, xp, yp)
         if want is not None and not np.array_equal(self.stored(node, "lut").astype(np.int64), want):
-            _refuse(node, f"its table is not TFLite's {name} kernel (quantize with --tflite-multipliers)")
+            return self.table(node)  # another table than TFLite's kernel computes: written as it is
         self.op(name, [self.activation(x)], [self.activation(y)], version=1 if name in ("HARD_SWISH", "RELU_N1_TO_1")
                 else 2)
+
+    def table(self, node):
+        """Any lookup-table node, exactly, from builtins: its input codes widened to int32 (CAST), moved
+        to table indices (ADD 128, or 32768 for int16) and looked up in its stored table (GATHER; the
+        table carries the output's parameters, which GATHER passes on)."""
+        x, y = node.inputs[0], node.outputs[0]
+        xp, yp = self.qp(x), self.qp(y)
+        if "lut" not in node.quant:
+            _refuse(node, "it has no table (it was kept in float)")
+        table = self.stored(node, "lut").astype(np.int64)
+        if self.g.values[y].quant.dtype == "uint8":
+            table = table - 128  # the file's int8 codes of the same reals
+        offset = 128 if xp.dtype == "int8" else 32768  # file code -> table index (code - qmin)
+        if len(table) != (256 if xp.dtype == "int8" else 65536):
+            _refuse(node, f"a {len(table)}-entry table for {xp.dtype} input codes")
+        wide = self.w.tensor(f"{node.name}::codes", self.shape(x), "int32")
+        index = self.w.tensor(f"{node.name}::index", self.shape(x), "int32")
+        self.op("CAST", [self.activation(x)], [wide], version=2)
+        self.op("ADD", [wide, self.int32s(f"{node.name}::offset", [offset])], [index], "AddOptions", version=4,
+                FusedActivationFunction=0)
+        lut = self.const(f"{node.name}::table", table, self.qp(y).dtype, self.quant(yp))
+        self.op("GATHER", [lut, index], [self.activation(y)], "GatherOptions", version=2, Axis=0, BatchDims=0)
 
     def resize(self, node):
         """Nearest Resize: RESIZE_NEAREST_NEIGHBOR, with the one (align_corners, half_pixel_centers)
@@ -467,6 +488,8 @@ class _Exporter:
         inputs = [self.boundary(name, output=False) for name in g.inputs]
         for node in g.nodes:
             handler = self.HANDLERS.get(node.op)
+            if handler is None and "lut" in (node.quant or {}):  # any elementwise op quantized as a table
+                handler = _Exporter.table
             if handler is None:
                 _refuse(node, "no TFLite mapping for this op yet (docs/tflite.md lists the ops written)")
             if not node.quant and node.op not in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Concat", "Pad",
