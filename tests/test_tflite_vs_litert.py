@@ -283,3 +283,13 @@ def _tflite_op_names(model: bytes) -> list:
     from npuforge.export.cli import _tflite_ops
 
     return list(_tflite_ops(model))
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.cat(x.split([3, 5], dim=1)[::-1], 1),
+                                lambda x: x[:, 1:7:2, 2:, :-3] + 0.0,
+                                lambda x: x.flip(3)[:, :, :, 1:],
+                                lambda x: torch.cat(x.chunk(3, dim=2), 3)],
+                         ids=["split", "strided", "negative_step", "chunk"])
+def test_split_and_slice_are_strided_slices(fn):
+    q, model = assert_bit_exact(Lambda(lambda a, b: fn(a + b)), [(1, 8, 9, 10), (1, 8, 9, 10)], scale=2.0)
+    assert "STRIDED_SLICE" in _tflite_op_names(model)

@@ -398,6 +398,48 @@ class _Exporter:
         self.op(name, [self.activation(x)], [self.activation(y)], version=1 if name in ("HARD_SWISH", "RELU_N1_TO_1")
                 else 2)
 
+    def strided_slice(self, node, y: str, ranges: dict) -> None:
+        """``y`` = STRIDED_SLICE of the node's input: ``ranges`` maps an IR axis to (first index, step,
+        count); the other axes are whole. A copy of codes: the output shares the input's grid."""
+        x = node.inputs[0]
+        dims = self.dims(x)
+        rank = len(dims)
+        to_file = list(_NCHW_TO_NHWC) if rank == 4 else list(range(rank))  # file axis -> IR axis
+        begin, end, strides, end_mask = [], [], [], 0
+        for k, axis in enumerate(to_file):
+            first, step, count = ranges.get(axis, (0, 1, dims[axis]))
+            last = first + step * count  # one past the last index taken, in the step's direction
+            begin.append(first)
+            strides.append(step)
+            if last < 0:  # a negative step down to index 0: 'to the end' is the mask, not -1
+                end.append(0)
+                end_mask |= 1 << k
+            else:
+                end.append(last)
+        self.op("STRIDED_SLICE", [self.activation(x), self.int32s(f"{y}::begin", begin),
+                                  self.int32s(f"{y}::end", end), self.int32s(f"{y}::strides", strides)],
+                [self.activation(y)], "StridedSliceOptions", version=4, BeginMask=0, EndMask=end_mask,
+                EllipsisMask=0, NewAxisMask=0, ShrinkAxisMask=0, Offset=False)
+
+    def slice(self, node):
+        from ..ops.registry import get_op
+
+        values = [None if not i else np.asarray(self.g.values[i].data).reshape(-1) for i in node.inputs[1:]]
+        ranges = {}
+        for axis, idx in get_op("Slice").indices(node, self.dims(node.inputs[0]), values):
+            step = idx[1] - idx[0] if len(idx) > 1 else 1
+            ranges[axis] = (idx[0] if idx else 0, step, len(idx))
+        self.strided_slice(node, node.outputs[0], ranges)
+
+    def split(self, node):
+        rank = len(self.dims(node.inputs[0]))
+        axis = node.attrs["axis"] % rank
+        first = 0
+        for y in node.outputs:  # each part a slice of the sizes the shape rule gave the outputs
+            size = self.dims(y)[axis]
+            self.strided_slice(node, y, {axis: (first, 1, size)})
+            first += size
+
     def table(self, node):
         """Any lookup-table node, exactly, from builtins: its input codes widened to int32 (CAST), moved
         to table indices (ADD 128, or 32768 for int16) and looked up in its stored table (GATHER; the
@@ -470,7 +512,7 @@ class _Exporter:
                 "ReduceMean": mean, "AveragePool": pool, "MaxPool": pool, "Flatten": reshape, "Reshape": reshape,
                 "Squeeze": reshape, "Unsqueeze": reshape, "Concat": concat, "Pad": pad, "Relu": activation_op,
                 "Clip": activation_op, "Sigmoid": activation_op, "Tanh": activation_op, "HardSwish": activation_op,
-                "Resize": resize, "Softmax": softmax, "Transpose": transpose}
+                "Resize": resize, "Softmax": softmax, "Transpose": transpose, "Slice": slice, "Split": split}
 
     # -- graph -------------------------------------------------------------------------
     def boundary(self, name: str, output: bool) -> int:
@@ -493,7 +535,7 @@ class _Exporter:
             if handler is None:
                 _refuse(node, "no TFLite mapping for this op yet (docs/tflite.md lists the ops written)")
             if not node.quant and node.op not in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Concat", "Pad",
-                                                  "MaxPool", "Resize", "Transpose"):
+                                                  "MaxPool", "Resize", "Transpose", "Slice", "Split"):
                 _refuse(node, "it was kept in float")
             handler(self, node)
         outputs = [self.boundary(name, output=True) for name in g.outputs]
