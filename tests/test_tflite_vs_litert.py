@@ -293,3 +293,29 @@ def _tflite_op_names(model: bytes) -> list:
 def test_split_and_slice_are_strided_slices(fn):
     q, model = assert_bit_exact(Lambda(lambda a, b: fn(a + b)), [(1, 8, 9, 10), (1, 8, 9, 10)], scale=2.0)
     assert "STRIDED_SLICE" in _tflite_op_names(model)
+
+
+class OnSum(nn.Module):
+    """``module(a + b)``: the Add keeps the module's input an activation of its own."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, a, b):
+        return self.module(a + b)
+
+
+@pytest.mark.parametrize("module", [nn.Conv1d(4, 6, 3, padding=1), nn.Conv1d(4, 8, 5, stride=2, dilation=1),
+                                    nn.Conv1d(4, 4, 3, groups=4), nn.MaxPool1d(3, 2, 1)],
+                         ids=["conv1d", "conv1d_strided", "depthwise1d", "maxpool1d"])
+def test_one_dimensional_windows_run_as_two_dimensional(module):
+    q, model = assert_bit_exact(OnSum(module), [(1, 4, 32), (1, 4, 32)], scale=2.0)
+    assert not any(n.op in ("Unsqueeze", "Squeeze") for n in q.nodes)  # the export's own rewrite
+
+
+@pytest.mark.parametrize("shape,groups", [((1, 8, 10, 10), 2), ((1, 12, 6, 6), 3)])
+def test_grouped_convolution_runs_as_one_per_group(shape, groups):
+    conv = nn.Sequential(nn.Conv2d(shape[1], 2 * shape[1], 3, padding=1, groups=groups), nn.ReLU())
+    q, model = assert_bit_exact(OnSum(conv), [shape, shape], scale=2.0)
+    assert _tflite_op_names(model).count("CONV_2D") == groups

@@ -544,4 +544,6 @@ class _Exporter:
 
 def to_tflite(graph, io: str = "int8") -> bytes:
     """The quantized IR ``graph`` as the bytes of a full-integer int8 ``.tflite`` model."""
-    return _Exporter(graph, io).run()
+    from .tflite_rewrite import for_tflite
+
+    return _Exporter(for_tflite(graph), io).run()
