@@ -319,3 +319,8 @@ def test_grouped_convolution_runs_as_one_per_group(shape, groups):
     conv = nn.Sequential(nn.Conv2d(shape[1], 2 * shape[1], 3, padding=1, groups=groups), nn.ReLU())
     q, model = assert_bit_exact(OnSum(conv), [shape, shape], scale=2.0)
     assert _tflite_op_names(model).count("CONV_2D") == groups
+
+
+@pytest.mark.parametrize("k,s,p", [(3, 2, 0), (2, 2, 0), (3, 2, 1)])
+def test_max_pool_ceil_mode(k, s, p):
+    assert_bit_exact(OnSum(nn.MaxPool2d(k, s, p, ceil_mode=True)), [(1, 4, 10, 11), (1, 4, 10, 11)], scale=2.0)

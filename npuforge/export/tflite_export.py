@@ -310,14 +310,21 @@ class _Exporter:
         a = node.attrs
         x, y = node.inputs[0], node.outputs[0]
         xq, yq = self.qp(x), self.qp(y)
-        if len(self.g.values[x].shape) != 4 or a.get("ceil_mode", 0) or any(d != 1 for d in a.get("dilations") or [1]):
-            _refuse(node, "TFLite pools 4-D tensors without ceil_mode or dilations")
+        if len(self.g.values[x].shape) != 4 or any(d != 1 for d in a.get("dilations") or [1]):
+            _refuse(node, "TFLite pools 4-D tensors without dilations")
+        if a.get("ceil_mode", 0) and node.op == "AveragePool":
+            _refuse(node, "TFLite's AVERAGE_POOL_2D has no ceil_mode")
         counted_pads = a.get("count_include_pad", 0) and any(a["pads"] or [])
         if node.op == "AveragePool" and (counted_pads or not xq.same_as(yq) or "code_average" not in node.quant):
             _refuse(node, "TFLite's int8 AVERAGE_POOL_2D excludes padding and keeps its input's parameters")
         k, s = a["kernel_shape"], a["strides"] or [1, 1]
         fill = xq.qmin if node.op == "MaxPool" else None  # a padded average would count the pads
-        padding, xt = self.padding(node, x, k, s, [1, 1], a["pads"] or [0] * 4, fill)
+        pads = a["pads"] or [0] * 4
+        if a.get("ceil_mode", 0):  # the last windows reach past the input: padded with the lowest code
+            from ..ops.registry import get_op
+
+            pads = [max(0, p) for p in get_op("MaxPool").exact_pads(node, self.dims(x))]
+        padding, xt = self.padding(node, x, k, s, [1, 1], pads, fill)
         self.op("AVERAGE_POOL_2D" if node.op == "AveragePool" else "MAX_POOL_2D", [xt], [self.activation(y)],
                 "Pool2DOptions", version=2, Padding=padding, StrideH=s[0], StrideW=s[1], FilterHeight=k[0],
                 FilterWidth=k[1], FusedActivationFunction=0)
