@@ -44,9 +44,24 @@ def _load(args):
     return load(args.model, input_shapes=parse_input_shapes(args.input_shape))
 
 
+def refuse_program(path) -> None:
+    """An NPU program (``NPUB`` magic or an .npub name) is not a model: say so, rather than call it a
+    corrupt ONNX file."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return  # the loader says what is wrong with the path
+    if head == b"NPUB" or path.suffix.lower() == ".npub":
+        raise NpuforgeError(f"{path}: an NPU program (.npub), not a model; run it with `npuforge run {path} "
+                            f"--input x.npy`")
+
+
 def cmd_inspect(args) -> int:
     from .ir.summary import format_summary, summarize
 
+    refuse_program(args.model)
     summary = summarize(_load(args))
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0
@@ -61,6 +76,7 @@ def cmd_check(args) -> int:
     path = Path(args.model)
     if not path.is_file():
         raise NpuforgeError(f"{path}: no such file")
+    refuse_program(path)
     with open(path, "rb") as f:
         head = f.read(max(len(MAGIC), 8))
     is_ir = head[:len(MAGIC)] == MAGIC.encode()

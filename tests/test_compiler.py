@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import npuforge
 from npuforge.cli import main as cli_main
-from npuforge.compiler.binfmt import read_program
+from npuforge.compiler.binfmt import VERSION, read_program
 from npuforge.compiler.compile import compile_graph
 from npuforge.compiler.memplan import Buffer, liveness_bound, plan_memory
 from npuforge.compiler.progsim import ProgramSimulator
@@ -202,11 +202,11 @@ def test_corrupt_truncated_and_foreign_programs_are_refused(small, capsys):
     flipped = bytearray(data)
     flipped[len(data) // 2] ^= 0x40
     newer = bytearray(data)
-    newer[4:6] = (2).to_bytes(2, "little")
+    newer[4:6] = (VERSION[0] + 1).to_bytes(2, "little")
     cases = {"truncated": data[:len(data) // 3], "corrupt": bytes(flipped), "version": bytes(newer),
              "foreign": b"PK\x03\x04" + data[4:], "empty": b""}
-    expect = {"truncated": "truncated", "corrupt": "checksum", "version": "version 2.0", "foreign": "not an .npub",
-              "empty": "too short"}
+    expect = {"truncated": "truncated", "corrupt": "checksum", "version": f"version {VERSION[0] + 1}.0",
+              "foreign": "not an .npub", "empty": "too short"}
     for name, blob in cases.items():
         path = folder / f"{name}.npub"
         path.write_bytes(blob)
@@ -255,6 +255,31 @@ def test_greedy_order_lowers_the_peak_of_a_branchy_graph():
     # bytes); greedy finishes one branch first: the input, a 16-channel and a 2-channel tensor
     assert program.peak == program.stats["liveness_bound"] == 16 * 16 * (4 + 16 + 2)
     assert_bit_exact(graph, program, rng, (1, 4, 16, 16))
+
+
+@pytest.mark.parametrize("branches", [5, 16])
+def test_concat_of_many_inputs_compiles_and_is_bit_exact(branches):
+    """DeepLabV3's ASPP concatenates 5 branches, YOLO's SPPF 4: a command lists any number of inputs
+    (format 2.0). Whole, and cascaded at the smallest peak the compiler finds, the program equals
+    the integer simulator bit for bit."""
+    rng = np.random.default_rng(branches)
+    b = Builder(rng, 4, 12, 12)
+    shape = (4, 12, 12)
+    ys = [b.conv("input", shape, 1 + k % 4, 1 + 2 * (k % 2), 1, 1, 1, [k % 2] * 4, "relu")[0] for k in range(branches)]
+    width = sum(1 + k % 4 for k in range(branches))
+    x = b.node("Concat", ys, axis=1)
+    x, _ = b.conv(x, (width, 12, 12), 6, 3, 1, 1, 1, [1, 1, 1, 1], "")
+    graph = quantized(b.model([x], f"concat{branches}"), (1, 4, 12, 12), rng)
+    whole = compile_graph(graph, NPU256, sram=1 << 30, tolerance=0.0)
+    concat = next(op for op in whole.lowered.ops if op.kind == "concat")
+    assert len(concat.inputs) == branches
+    image = read_program(whole.data)
+    assert max(len(c.inputs) for c in image.commands) == branches and image.version == VERSION
+    assert_bit_exact(graph, whole, rng, (1, 4, 12, 12))
+    cascaded = compile_graph(graph, NPU256, sram=whole.peak - 1, tolerance=10.0)  # the smallest peak it finds
+    assert any(c["first"] != c["last"] for c in cascaded.stats["cascades"]), cascaded.stats["cascades"]
+    assert cascaded.peak < whole.peak
+    assert_bit_exact(graph, cascaded, rng, (1, 4, 12, 12))
 
 
 CHROMIUM = Path("/usr/bin/chromium")

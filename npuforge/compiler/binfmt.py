@@ -1,4 +1,4 @@
-"""The ``.npub`` program format (version 1), documented in docs/compiler.md.
+"""The ``.npub`` program format (version 2.0), documented in docs/compiler.md.
 
 Little-endian throughout. A 32-byte header (magic ``NPUB``, major / minor version, the
 section count, the file size, the CRC-32 of everything after the header), a table of
@@ -6,18 +6,23 @@ sections (kind, offset, size, CRC-32 each), then the sections:
 
 * TENSORS: one 36-byte record per tensor: dtype, height, width, channels, SRAM offset,
   rows held (a rolling buffer holds fewer than its height), scale, zero point, name.
-* COMMANDS: one 76-byte record per command: opcode, input count, op index, the output
-  rows of its stripe (first row and count), parameter and weight blocks (offset, length,
-  codec, decoded length), the output tensor and its SRAM offset, up to three input
-  tensors and their SRAM offsets.
+* COMMANDS: one record per command: a 48-byte head (opcode, input count, op index, the
+  output rows of its stripe (first row and count), parameter and weight blocks (offset,
+  length, codec, decoded length), the output tensor and its SRAM offset), then 8 bytes per
+  input (tensor, SRAM offset): any number of inputs up to 255.
 * IO: the program's inputs and outputs: direction, tensor, rank and the NCHW shape.
 * PARAMS: parameter blocks, one per operation: entries of (tag, kind, count, int32 values).
 * WEIGHTS: packed weight blocks (npuforge/compiler/weights.py), aligned.
 * STRINGS: tensor names, NUL-separated UTF-8.
 * META: a JSON object (target, summary, preprocessing): read by tools, never executed.
 
-Readers refuse another major version, a bad magic, size or checksum, a truncated section
-and any field out of range, each with one line.
+Version 1.0 held three inputs in a fixed 76-byte command record; 2.0 lists any number, which a
+1.x reader would misread, hence a major version. Reading checks everything before anything is
+computed or allocated, in two steps: :func:`read_program` the layout (header, checksums, every
+section present once, every record, count, offset and length inside its section, every tensor
+reference in range), then :func:`npuforge.compiler.validate.validate` what the program
+simulator relies on (dimensions, SRAM addresses, parameter blocks, weight blocks, IO shapes,
+META). A failure is one line naming the file, the section, the record and the field.
 """
 
 from __future__ import annotations
@@ -29,19 +34,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ModelFormatError
+from ..errors import ModelFormatError, UnsupportedError
 
 MAGIC = b"NPUB"
-VERSION = (1, 0)
+VERSION = (2, 0)
 HEADER = struct.Struct("<4sHHIIII8x")  # magic, major, minor, sections, file size, crc of the rest, flags
 SECTION = struct.Struct("<IIII")  # kind, offset, size, crc32
 TENSOR = struct.Struct("<BxxxIIIIIfiI")  # dtype, h, w, c, offset, ring rows, scale, zero point, name index
-COMMAND = struct.Struct("<BBH" + "I" * 8 + "BxxxHxxI" + "HxxI" * 3 + "4x")
+# a command's head: opcode, input count, reserved, op index, first row, rows, params (offset, length),
+# weights (offset, length, decoded count), codec, output tensor, its SRAM offset; INPUT per input follows
+COMMAND = struct.Struct("<BBH" + "I" * 8 + "BxxxHxxI")
+INPUT = struct.Struct("<HxxI")  # tensor, SRAM offset
 IO = struct.Struct("<BBHI" + "I" * 4)  # direction (0 in, 1 out), rank, tensor, reserved, dims
 PARAM_ENTRY = struct.Struct("<HBxI")  # tag, kind (0 scalar, 1 array), count
 
 SECTIONS = ("TENSORS", "COMMANDS", "IO", "PARAMS", "WEIGHTS", "STRINGS", "META")
 DTYPES = ("int8", "uint8", "int16")
+QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}  # the codes each dtype holds
 OPCODES = ("conv", "depthwise", "fully_connected", "add", "sub", "mul", "avgpool", "global_avgpool", "maxpool",
            "lut", "concat", "resize_bilinear")
 PARAM_TAGS = ("kernel_h", "kernel_w", "stride_h", "stride_w", "dilation_h", "dilation_w", "pad_top", "pad_left",
@@ -50,7 +59,8 @@ PARAM_TAGS = ("kernel_h", "kernel_w", "stride_h", "stride_w", "dilation_h", "dil
               "multiplier1", "shift1", "multiplier_out", "shift_out", "count", "divisor", "extra_bits",
               "code_average", "qmin", "table", "code_shift", "row_lo", "row_hi", "row_w0", "row_w1", "col_lo",
               "col_hi", "col_w0", "col_w1")
-NO_TENSOR = 0xFFFF
+MAX_INPUTS = 255  # a command's input count is a u8
+MAX_TENSORS = 0x10000  # tensor references are u16
 
 
 @dataclass
@@ -97,6 +107,8 @@ class ProgramImage:
     params: bytes
     weights: bytes
     meta: dict = field(default_factory=dict)
+    blocks: dict = field(default_factory=dict)  # (offset, length) in PARAMS -> decoded parameter block
+    arena: int = 0  # bytes of SRAM the program addresses
 
 
 # -- parameter blocks ---------------------------------------------------------------------------
@@ -112,15 +124,17 @@ def encode_params(params: dict, where: str) -> bytes:
     return bytes(out)
 
 
-def decode_params(data: bytes) -> dict:
+def decode_params(data: bytes, where: str = "parameter block") -> dict:
+    """{name: int (a scalar entry) or int64 array}; ``where`` names the block in errors."""
     params, pos = {}, 0
     while pos < len(data):
         if pos + PARAM_ENTRY.size > len(data):
-            raise ModelFormatError("parameter block is truncated")
+            raise ModelFormatError(f"{where}: truncated entry at byte {pos} of {len(data)}")
         tag, kind, count = PARAM_ENTRY.unpack_from(data, pos)
         pos += PARAM_ENTRY.size
-        if tag >= len(PARAM_TAGS) or kind > 1 or pos + 4 * count > len(data):
-            raise ModelFormatError(f"parameter block has a bad entry (tag {tag}, kind {kind}, count {count})")
+        if tag >= len(PARAM_TAGS) or kind > 1 or pos + 4 * count > len(data) or (kind == 0 and count != 1):
+            raise ModelFormatError(f"{where}: bad entry at byte {pos - PARAM_ENTRY.size} (tag {tag}, kind {kind}, "
+                                   f"count {count}, {len(data) - pos} bytes left)")
         arr = np.frombuffer(data, "<i4", count, pos).astype(np.int64)
         pos += 4 * count
         params[PARAM_TAGS[tag]] = int(arr[0]) if kind == 0 else arr
@@ -130,15 +144,18 @@ def decode_params(data: bytes) -> dict:
 # -- writing -----------------------------------------------------------------------------------------
 def write_program(tensors: list[TensorRecord], commands: list[CommandRecord], inputs, outputs, params: bytes,
                   weights: bytes, meta: dict) -> bytes:
+    if len(tensors) > MAX_TENSORS:
+        raise UnsupportedError(f"{len(tensors)} tensors; an .npub program holds at most {MAX_TENSORS}")
     names = b"\0".join(t.name.encode() for t in tensors)
     tensor_bytes = b"".join(TENSOR.pack(DTYPES.index(t.dtype), t.h, t.w, t.c, t.offset, t.ring_rows, t.scale,
                                         t.zero_point, k) for k, t in enumerate(tensors))
     cmd_bytes = bytearray()
     for c in commands:
-        ins = list(c.inputs) + [(NO_TENSOR, 0)] * (3 - len(c.inputs))
+        if len(c.inputs) > MAX_INPUTS:
+            raise UnsupportedError(f"a {c.kind} of {len(c.inputs)} inputs; an NPU command takes at most {MAX_INPUTS}")
         cmd_bytes += COMMAND.pack(OPCODES.index(c.kind), len(c.inputs), 0, c.op, c.row0, c.rows, *c.params,
-                                  c.weights[0], c.weights[1], c.weights[3], c.weights[2], c.output[0],
-                                  c.output[1], *[v for pair in ins for v in pair])
+                                  c.weights[0], c.weights[1], c.weights[3], c.weights[2], c.output[0], c.output[1])
+        cmd_bytes += b"".join(INPUT.pack(t, off) for t, off in c.inputs)
     io = bytearray()
     for direction, items in ((0, inputs), (1, outputs)):
         for tensor, shape in items:
@@ -163,6 +180,16 @@ def write_program(tensors: list[TensorRecord], commands: list[CommandRecord], in
 
 # -- reading --------------------------------------------------------------------------------------------
 def read_program(data: bytes, where: str = "program") -> ProgramImage:
+    """The program in ``data``, every field checked (``where`` names it in the one-line errors)."""
+    from .validate import validate
+
+    version, blobs = _sections(data, where)
+    image = _parse(blobs, version, where)
+    validate(image, where)
+    return image
+
+
+def _sections(data: bytes, where: str) -> tuple[tuple, dict]:
     if len(data) < HEADER.size:
         raise ModelFormatError(f"{where}: {len(data)} bytes is too short for an .npub program (truncated?)")
     magic, major, minor, nsec, size, crc, _ = HEADER.unpack_from(data, 0)
@@ -175,51 +202,99 @@ def read_program(data: bytes, where: str = "program") -> ProgramImage:
         raise ModelFormatError(f"{where}: the header says {size} bytes, the file has {len(data)} (truncated?)")
     if zlib.crc32(data[HEADER.size:]) != crc:
         raise ModelFormatError(f"{where}: checksum mismatch; the file is corrupt")
-    if nsec < len(SECTIONS) or HEADER.size + SECTION.size * nsec > len(data):
-        raise ModelFormatError(f"{where}: {nsec} sections, expected {len(SECTIONS)}")
+    table_end = HEADER.size + SECTION.size * nsec
+    if table_end > len(data):
+        raise ModelFormatError(f"{where}: header: {nsec} sections; a {len(data)}-byte file has no room for their table")
     blobs = {}
-    for k in range(nsec):
+    for k in range(nsec):  # kinds past META: a later minor version's sections, which this reader ignores
         kind, off, length, sec_crc = SECTION.unpack_from(data, HEADER.size + SECTION.size * k)
-        if off + length > len(data) or zlib.crc32(data[off:off + length]) != sec_crc:
-            raise ModelFormatError(f"{where}: section {k} is out of bounds or corrupt")
+        name = SECTIONS[kind] if kind < len(SECTIONS) else f"kind {kind}"
+        if off < table_end or off + length > len(data):
+            raise ModelFormatError(f"{where}: section table entry {k} ({name}): bytes {off}..{off + length} lie "
+                                   f"outside the sections ({table_end}..{len(data)})")
+        if zlib.crc32(data[off:off + length]) != sec_crc:
+            raise ModelFormatError(f"{where}: section table entry {k} ({name}): checksum mismatch; the file is corrupt")
+        if name in blobs:
+            raise ModelFormatError(f"{where}: section table entry {k}: a second {name} section")
         if kind < len(SECTIONS):
-            blobs[SECTIONS[kind]] = data[off:off + length]
-    try:
-        return _parse(blobs, (major, minor))
-    except (struct.error, ValueError, IndexError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelFormatError(f"{where}: malformed program ({e})") from None
+            blobs[name] = data[off:off + length]
+    missing = [s for s in SECTIONS if s not in blobs]
+    if missing:
+        raise ModelFormatError(f"{where}: no {missing[0]} section (a program has {', '.join(SECTIONS)})")
+    return (major, minor), blobs
 
 
-def _records(blob: bytes, rec: struct.Struct, what: str):
+def _records(blob: bytes, rec: struct.Struct, what: str, where: str):
     if len(blob) % rec.size:
-        raise ModelFormatError(f"{what} section is {len(blob)} bytes, not a multiple of {rec.size}")
+        raise ModelFormatError(f"{where}: {what} section is {len(blob)} bytes, not a multiple of its {rec.size}-byte "
+                               f"records")
     return [rec.unpack_from(blob, k * rec.size) for k in range(len(blob) // rec.size)]
 
 
-def _parse(blobs: dict, version) -> ProgramImage:
-    names = blobs["STRINGS"].decode().split("\0")
+def _parse(blobs: dict, version, where: str) -> ProgramImage:
+    try:
+        names = blobs["STRINGS"].decode().split("\0")
+    except UnicodeDecodeError as e:
+        raise ModelFormatError(f"{where}: STRINGS: not UTF-8 text ({e.reason} at byte {e.start})") from None
     tensors = []
-    for dtype, h, w, c, off, ring, scale, zp, name in _records(blobs["TENSORS"], TENSOR, "TENSORS"):
-        if dtype >= len(DTYPES) or not 0 < ring <= h or name >= len(names):
-            raise ModelFormatError(f"tensor record {len(tensors)} is out of range")
+    for k, (dtype, h, w, c, off, ring, scale, zp, name) in enumerate(_records(blobs["TENSORS"], TENSOR, "TENSORS",
+                                                                                  where)):
+        if dtype >= len(DTYPES):
+            raise ModelFormatError(f"{where}: TENSORS record {k}: dtype {dtype} is unknown (0 int8, 1 uint8, 2 int16)")
+        if name >= len(names):
+            raise ModelFormatError(f"{where}: TENSORS record {k}: name index {name}; STRINGS holds {len(names)} names")
         tensors.append(TensorRecord(names[name], DTYPES[dtype], h, w, c, off, ring, scale, zp))
-    commands = []
-    for rec in _records(blobs["COMMANDS"], COMMAND, "COMMANDS"):
-        opcode, nin, _, op, row0, rows, poff, plen, woff, wlen, wcount, codec, out, out_off = rec[:14]
-        pairs = [(rec[14 + 2 * k], rec[15 + 2 * k]) for k in range(nin)]
-        if opcode >= len(OPCODES) or nin > 3 or out >= len(tensors) or any(t >= len(tensors) for t, _ in pairs):
-            raise ModelFormatError(f"command {len(commands)} is out of range")
-        if poff + plen > len(blobs["PARAMS"]) or woff + wlen > len(blobs["WEIGHTS"]):
-            raise ModelFormatError(f"command {len(commands)} points past its parameter or weight section")
-        if rows == 0 or row0 + rows > tensors[out].h:
-            raise ModelFormatError(f"command {len(commands)} writes rows {row0}..{row0 + rows} of a "
-                                   f"{tensors[out].h}-row tensor")
-        commands.append(CommandRecord(OPCODES[opcode], op, row0, rows, (poff, plen), (woff, wlen, codec, wcount),
-                                      (out, out_off), pairs))
+    if len(tensors) > MAX_TENSORS:
+        raise ModelFormatError(f"{where}: TENSORS: {len(tensors)} records; tensor references reach {MAX_TENSORS}")
+    commands = _commands(blobs, tensors, where)
     inputs, outputs = [], []
-    for direction, rank, tensor, _, *dims in _records(blobs["IO"], IO, "IO"):
-        if tensor >= len(tensors) or rank > 4:
-            raise ModelFormatError("an input / output descriptor is out of range")
+    for k, (direction, rank, tensor, _, *dims) in enumerate(_records(blobs["IO"], IO, "IO", where)):
+        if direction > 1 or tensor >= len(tensors) or rank > 4:
+            raise ModelFormatError(f"{where}: IO record {k}: direction {direction}, tensor {tensor}, rank {rank}; "
+                                   f"expected direction 0 or 1, a tensor below {len(tensors)}, rank at most 4")
         (inputs if direction == 0 else outputs).append((tensor, tuple(dims[:rank])))
     return ProgramImage(version, tensors, commands, inputs, outputs, blobs["PARAMS"], blobs["WEIGHTS"],
-                        json.loads(blobs["META"].decode() or "{}"))
+                        _meta(blobs["META"], where))
+
+
+def _commands(blobs: dict, tensors: list, where: str) -> list[CommandRecord]:
+    blob, commands, pos = blobs["COMMANDS"], [], 0
+    nparams, nweights = len(blobs["PARAMS"]), len(blobs["WEIGHTS"])
+    while pos < len(blob):
+        cmd = f"{where}: COMMANDS command {len(commands)}"
+        if pos + COMMAND.size > len(blob):
+            raise ModelFormatError(f"{cmd}: truncated ({len(blob) - pos} bytes left of a {COMMAND.size}-byte record)")
+        opcode, nin, _, op, row0, rows, poff, plen, woff, wlen, wcount, codec, out, out_off = \
+            COMMAND.unpack_from(blob, pos)
+        pos += COMMAND.size
+        if pos + INPUT.size * nin > len(blob):
+            raise ModelFormatError(f"{cmd}: input count {nin}; the section ends {len(blob) - pos} bytes on")
+        pairs = [INPUT.unpack_from(blob, pos + INPUT.size * j) for j in range(nin)]
+        pos += INPUT.size * nin
+        if opcode >= len(OPCODES):
+            raise ModelFormatError(f"{cmd}: opcode {opcode} is unknown (0..{len(OPCODES) - 1})")
+        cmd += f" ({OPCODES[opcode]})"
+        for role, t in [("output", out)] + [(f"input {j}", t) for j, (t, _) in enumerate(pairs)]:
+            if t >= len(tensors):
+                raise ModelFormatError(f"{cmd}: {role} tensor {t}; the program has {len(tensors)} tensors")
+        if poff + plen > nparams:
+            raise ModelFormatError(f"{cmd}: parameter block at {poff}, {plen} bytes, runs past the {nparams}-byte "
+                                   f"PARAMS section")
+        if woff + wlen > nweights:
+            raise ModelFormatError(f"{cmd}: weight block at {woff}, {wlen} bytes, runs past the {nweights}-byte "
+                                   f"WEIGHTS section")
+        commands.append(CommandRecord(OPCODES[opcode], op, row0, rows, (poff, plen), (woff, wlen, codec, wcount),
+                                      (out, out_off), pairs))
+    return commands
+
+
+def _meta(blob: bytes, where: str) -> dict:
+    """META as a dict; its fields are checked with the rest (npuforge/compiler/validate.py)."""
+    try:
+        meta = json.loads(blob.decode()) if blob else {}
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+        reason = "nested too deep" if isinstance(e, RecursionError) else str(e).split("\n")[0][:120]
+        raise ModelFormatError(f"{where}: META: not JSON ({reason})") from None
+    if not isinstance(meta, dict):
+        raise ModelFormatError(f"{where}: META: a JSON {type(meta).__name__}, not an object")
+    return meta

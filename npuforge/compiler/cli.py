@@ -95,9 +95,14 @@ def _image(image, file: str):
 
     if Path(file).suffix.lower() not in IMAGE_EXTENSIONS:
         return None
-    pre = image.meta.get("preprocess")
+    pre = image.meta.get("preprocess")  # its fields were checked when the program was read
     if not pre:
         raise NpuforgeError(f"--input {file}: the program records no preprocessing; give a .npy input")
+    sizes = [list(shape[2:]) for _, shape in image.inputs if len(shape) == 4]
+    if pre["crop_size"] not in sizes:  # before the image is resized to it
+        raise NpuforgeError(f"--input {file}: the program's preprocessing makes {pre['crop_size'][0]}x"
+                            f"{pre['crop_size'][1]} images; its image inputs are "
+                            f"{', '.join(f'{h}x{w}' for h, w in sizes) or 'none'}")
     try:
         with Image.open(file) as img:
             x = transform_of(pre)(img)

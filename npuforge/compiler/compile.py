@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import NpuforgeError
-from .binfmt import CommandRecord, TensorRecord, encode_params, write_program
+from .binfmt import CommandRecord, TensorRecord, encode_params, read_program, write_program
 from .lower import lower
 from .memplan import liveness_bound, plan_memory
 from .schedule import reorder, schedule
@@ -134,5 +134,7 @@ def compile_graph(graph, target, sram: int | None = None, tolerance: float = TOL
     meta = {"npuforge": "compiled program", "stats": program.stats, "target": target.to_dict(),
             "preprocess": graph.metadata.get("preprocess"), "ops": [op.name for op in lowered.ops]}
     program.data = write_program(tensors, records, io_in, io_out, pblob, wblob, meta)
+    # read back through every check `npuforge run` makes: never write a program the reader refuses
+    read_program(program.data, f"the program compiled from '{graph.name}'")
     program.stats["compile_seconds"] = round(time.perf_counter() - t0, 3)
     return program

@@ -20,6 +20,7 @@ from ..errors import UnsupportedError
 from ..ops.registry import get_op
 from ..quant.requant import activation_code_bounds, extra_bits, multiplier_value, quantize_multiplier
 from ..sim.int_ops import max_abs_code
+from .binfmt import MAX_INPUTS
 
 DTYPE_BYTES = {"int8": 1, "uint8": 1, "int16": 2}
 QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
@@ -338,6 +339,8 @@ class _Lowering:
         if node.attrs["axis"] % rank != 1:
             raise UnsupportedError(f"{where}: concatenation along axis {node.attrs['axis']}; the NPU "
                                    f"concatenates channels")
+        if len(node.inputs) > MAX_INPUTS:
+            raise UnsupportedError(f"{where}: {len(node.inputs)} inputs; an NPU concat takes at most {MAX_INPUTS}")
         for name in node.inputs:
             if not g.values[name].quant.same_as(yq):
                 raise UnsupportedError(f"{where}: input '{name}' does not share the output's parameters")

@@ -6,7 +6,9 @@ names (a rolling buffer holds row r in slot r mod its rows), computes its stripe
 NPU kernels (npuforge/compiler/kernels.py) from its parameter block and decoded weights,
 and writes its output rows back. The simulator tracks which row every slot of every buffer
 holds, so a schedule that reads a row its buffer no longer holds (or never held), or a
-plan that lets two live buffers overlap, fails loudly instead of computing garbage.
+plan that lets two live buffers overlap, fails loudly instead of computing garbage. The reader
+(npuforge/compiler/binfmt.py, validate.py) has checked every field this relies on, so a
+malformed program never reaches a kernel.
 """
 
 from __future__ import annotations
@@ -17,11 +19,10 @@ import numpy as np
 
 from ..errors import ModelFormatError, NpuforgeError, ShapeError
 from . import kernels
-from .binfmt import ProgramImage, decode_params, read_program
+from .binfmt import QRANGE, ProgramImage, read_program
 from .weights import decode
 
 NP_DTYPES = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16}
-QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
 
 
 def load_program(path) -> ProgramImage:
@@ -37,43 +38,34 @@ class ProgramSimulator:
     """``ProgramSimulator(image).run({input name: array})`` -> {output name: int codes (NCHW)}."""
 
     def __init__(self, image: ProgramImage):
-        self.img = image
-        self.arena = max((t.offset + t.ring_rows * t.row_bytes for t in image.tensors), default=0)
-        for k, c in enumerate(image.commands):
-            for t, off in [c.output, *c.inputs]:
-                rec = image.tensors[t]
-                if off + rec.ring_rows * rec.row_bytes > self.arena:
-                    raise ModelFormatError(f"command {k} addresses SRAM past the program's arena")
-        self._params: dict = {}
+        self.img = image  # read_program checked it: arena, parameter blocks, weight blocks, shapes
+        self.arena = image.arena
         self._weights: dict = {}
 
     # -- constants ------------------------------------------------------------------------------
     def params(self, c) -> dict:
-        key = c.params
-        if key not in self._params:
-            off, length = key
-            self._params[key] = decode_params(self.img.params[off:off + length])
-        return self._params[key]
+        return self.img.blocks[c.params]  # decoded and checked by the reader
 
     def weights(self, c, p: dict) -> np.ndarray | None:
         off, length, codec, count = c.weights
         if length == 0:
             return None
-        if off not in self._weights:
-            out = self.img.tensors[c.output[0]]
-            src = self.img.tensors[c.inputs[0][0]]
-            if c.kind == "conv":
-                shape = (out.c, p["kernel_h"], p["kernel_w"], src.c // p["group"])
-            elif c.kind == "depthwise":
-                shape = (p["kernel_h"], p["kernel_w"], out.c)
-            else:
-                shape = (out.c, src.c)
+        out = self.img.tensors[c.output[0]]
+        src = self.img.tensors[c.inputs[0][0]]
+        if c.kind == "conv":
+            shape = (out.c, p["kernel_h"], p["kernel_w"], src.c // p["group"])
+        elif c.kind == "depthwise":
+            shape = (p["kernel_h"], p["kernel_w"], out.c)
+        else:
+            shape = (out.c, src.c)
+        key = (c.weights, shape)  # commands sharing a block may (in a crafted file) read it as other shapes
+        if key not in self._weights:
             w = decode(codec, self.img.weights[off:off + length], count)
             if w.size != int(np.prod(shape)):
                 raise ModelFormatError(f"a {c.kind} weight block holds {w.size} weights, its shape needs "
                                        f"{int(np.prod(shape))}")
-            self._weights[off] = w.reshape(shape).astype(np.int64)
-        return self._weights[off]
+            self._weights[key] = w.reshape(shape).astype(np.int64)
+        return self._weights[key]
 
     # -- memory ---------------------------------------------------------------------------------
     def _view(self, sram, t: int, off: int) -> np.ndarray:
@@ -86,6 +78,8 @@ class ProgramSimulator:
         buf = self._view(sram, t, off)
         out = np.full((hi - lo, rec.w, rec.c), fill, np.int64)
         rows = np.arange(max(lo, 0), min(hi, rec.h))
+        if not rows.size:  # the stripe reads padding only
+            return out
         held = tags.get(off)
         slots = rows % rec.ring_rows
         if held is None or held[1] != t or (held[0][slots] != rows).any():
@@ -123,6 +117,8 @@ class ProgramSimulator:
                 raise NpuforgeError(f"missing input '{rec.name}' (the program's inputs: "
                                     f"{', '.join(img.tensors[i].name for i, _ in img.inputs)})")
             x = np.asarray(feeds[rec.name])
+            if x.dtype.kind not in "biuf":
+                raise ShapeError(f"input '{rec.name}': a {x.dtype} array; the program takes numbers")
             if x.shape != shape:
                 raise ShapeError(f"input '{rec.name}': shape {list(x.shape)}, the program takes {list(shape)}")
             if x.dtype != NP_DTYPES[rec.dtype]:  # float: quantized with the input's parameters

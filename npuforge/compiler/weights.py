@@ -55,33 +55,45 @@ def encode(weights: np.ndarray) -> tuple[int, bytes]:
             bits = np.unpackbits(low[sel][:, :, None], axis=2)[:, :, 8 - k:]  # most significant first
             rem[(starts[sel][:, None] + np.arange(32 * k)).reshape(-1)] = np.packbits(
                 bits.reshape(sel.size, CHUNK * k), axis=1).reshape(-1)
-    data = np.uint32(unary.size).tobytes() + ks.astype(np.uint8).tobytes() + rem.tobytes() + unary.tobytes()
+    data = int(unary.size).to_bytes(4, "little") + ks.astype(np.uint8).tobytes() + rem.tobytes() + unary.tobytes()
     if len(data) >= n:
         return CODEC_RAW, flat.tobytes()
     return CODEC_RICE, data
 
 
+def block_problem(codec: int, data: bytes, count: int) -> str | None:
+    """Why a weight block does not decode to ``count`` weights (None: it does), from its header and
+    lengths alone: the reader checks every block so before anything is decoded or allocated."""
+    n = len(data)
+    if codec == CODEC_RAW:
+        return None if n == count else f"holds {n} bytes, {count} raw weights expected"
+    if codec != CODEC_RICE:
+        return f"codec {codec} is unknown (0 raw, 1 Rice)"
+    chunks = -(-count // CHUNK)
+    if n < 4 + chunks:
+        return f"is {n} bytes, shorter than the header of {count} Rice-coded weights"
+    ks = np.frombuffer(data, np.uint8, chunks, 4).astype(np.int64)
+    unary_len = int.from_bytes(data[:4], "little")
+    if (ks > 7).any() or 4 + chunks + int(32 * ks.sum()) + unary_len != n:
+        return "has Rice parameters that do not match its length"
+    if int(np.unpackbits(np.frombuffer(data, np.uint8, unary_len, n - unary_len)).sum()) < count:
+        return f"has a unary stream of fewer than {count} codewords"
+    return None
+
+
 def decode(codec: int, data: bytes, count: int) -> np.ndarray:
     """The int8 weights back from (codec, bytes); ``count`` weights."""
+    problem = block_problem(codec, data, count)
+    if problem:
+        raise ModelFormatError(f"weight block {problem}")
     buf = np.frombuffer(data, np.uint8)
     if codec == CODEC_RAW:
-        if buf.size != count:
-            raise ModelFormatError(f"weight block holds {buf.size} bytes, expected {count}")
         return buf.view(np.int8).copy()
-    if codec != CODEC_RICE:
-        raise ModelFormatError(f"unknown weight codec {codec}")
     chunks = -(-count // CHUNK)
-    if buf.size < 4 + chunks:
-        raise ModelFormatError("weight block is shorter than its header")
-    unary_len = int(buf[:4].view(np.uint32)[0])
     ks = buf[4:4 + chunks].astype(np.int64)
     rem_len = int(32 * ks.sum())
-    if (ks > 7).any() or 4 + chunks + rem_len + unary_len != buf.size:
-        raise ModelFormatError("weight block's Rice parameters do not match its length")
     rem = buf[4 + chunks:4 + chunks + rem_len]
     ends = np.flatnonzero(np.unpackbits(buf[4 + chunks + rem_len:]))
-    if ends.size < count:
-        raise ModelFormatError("weight block's unary stream is short")
     q = np.diff(np.concatenate([[-1], ends[:count]])) - 1
     low = np.zeros((chunks, CHUNK), np.int64)
     starts = np.concatenate([[0], np.cumsum(32 * ks)[:-1]])

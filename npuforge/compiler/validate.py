@@ -1,0 +1,284 @@
+"""What the program simulator relies on, checked when a program is read (after its layout,
+npuforge/compiler/binfmt.py) and before anything is computed or allocated: a crafted or
+buggy ``.npub`` whose checksums are valid is refused in one line naming the file, the
+section, the record and the field, instead of crashing a kernel or allocating without bound.
+
+* TENSORS: every dimension at least 1, rows held 1..height, a positive finite scale, a zero
+  point the dtype holds, and every tensor within the SRAM a program may address
+  (:data:`MAX_SRAM_BYTES`, far above any NPU's; the compiler refuses a bigger program).
+* IO: at least one input and one output, each a whole tensor whose NCHW dims are its geometry.
+* COMMANDS: the opcode's input count, rows inside the output, SRAM addresses inside the
+  arena, a complete parameter block (every entry the kernel reads, scalar or sized as the
+  kernel indexes it, in range), the tensor shapes the kernel combines, a weight block of a
+  known codec decoding to exactly the weights the shapes need, and at most :data:`MAX_WORK`
+  elements in any array the kernel builds for the stripe.
+* META: a JSON object; a preprocessing record, when present, with every field an image
+  input is prepared with.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..errors import ModelFormatError
+from .binfmt import MAX_INPUTS, QRANGE, ProgramImage, decode_params
+from .kernels import needed_rows
+from .weights import block_problem
+
+MAX_SRAM_BYTES = 64 << 20  # SRAM a program may address: NPUs have a few MiB
+MAX_WORK = 1 << 26  # elements of the largest array one command builds (its stripe, im2col, padded rows)
+MAX_TAPS = 1 << 16  # kernel_h x kernel_w of a window
+
+WINDOWED = ("conv", "depthwise", "avgpool", "maxpool")
+WEIGHTED = ("conv", "depthwise", "fully_connected")
+WINDOW = ("kernel_h", "kernel_w", "stride_h", "stride_w", "dilation_h", "dilation_w", "pad_top", "pad_left")
+COMPUTE = ("zp_in", "zp_out")
+PER_CHANNEL = ("bias", "multiplier", "shift", "act_min", "act_max")
+ADD = ("zp_in0", "zp_in1", "zp_out", "mode", "left_shift", "multiplier0", "shift0", "multiplier1", "shift1")
+# scalars every command of an opcode reads (conditional ones are checked in _params)
+SCALARS = {"conv": WINDOW + COMPUTE + ("group",), "depthwise": WINDOW + COMPUTE, "fully_connected": COMPUTE,
+           "add": ADD, "sub": ADD, "mul": ("zp_in0", "zp_in1", "zp_out", "multiplier", "shift"),
+           "avgpool": WINDOW + COMPUTE, "global_avgpool": COMPUTE, "maxpool": WINDOW, "lut": ("qmin",),
+           "concat": (), "resize_bilinear": ("code_shift",)}
+AT_LEAST = {"kernel_h": 1, "kernel_w": 1, "stride_h": 1, "stride_w": 1, "dilation_h": 1, "dilation_w": 1,
+            "pad_top": 0, "pad_left": 0, "group": 1}
+FLAGS = ("single_rounding", "code_average", "mode")  # 0 or 1
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "lanczos")  # npuforge/zoo/transforms.py's filters
+
+
+class _Bad(Exception):
+    """A field out of range; validate() adds the file and the record to the message."""
+
+
+def validate(img: ProgramImage, where: str) -> None:
+    """Raise ModelFormatError (one line) for the first field of ``img`` the simulator cannot take;
+    sets ``img.arena`` and ``img.blocks`` (the decoded parameter blocks)."""
+    for k, t in enumerate(img.tensors):
+        _check(where, f"TENSORS record {k} ('{t.name}')", _tensor, t)
+    img.arena = max(t.offset + t.ring_rows * t.row_bytes for t in img.tensors) if img.tensors else 0
+    for direction, items in (("input", img.inputs), ("output", img.outputs)):
+        if not items:
+            raise ModelFormatError(f"{where}: IO: the program declares no {direction}")
+        for j, (t, shape) in enumerate(items):
+            _check(where, f"IO {direction} {j} ('{img.tensors[t].name}')", _io, img.tensors[t], shape)
+    for k, c in enumerate(img.commands):
+        _check(where, f"COMMANDS command {k} ({c.kind})", _command, img, c)
+    _check(where, "META", _meta, img)
+
+
+def _check(where: str, record: str, fn, *args) -> None:
+    try:
+        fn(*args)
+    except _Bad as e:
+        raise ModelFormatError(f"{where}: {record}: {e}") from None
+
+
+# -- tensors and IO -----------------------------------------------------------------------------
+def _tensor(t) -> None:
+    for name, v in (("height", t.h), ("width", t.w), ("channels", t.c)):
+        if v < 1:
+            raise _Bad(f"{name} {v}; every dimension is at least 1")
+    if not 1 <= t.ring_rows <= t.h:
+        raise _Bad(f"rows held {t.ring_rows}; must be 1..{t.h} (its height)")
+    size = t.h * t.row_bytes
+    if size > MAX_SRAM_BYTES or t.offset + t.ring_rows * t.row_bytes > MAX_SRAM_BYTES:
+        raise _Bad(f"{t.h} x {t.w} x {t.c} {t.dtype} ({size} bytes) at SRAM offset {t.offset}; a program addresses "
+                   f"at most {MAX_SRAM_BYTES} bytes")
+    if not (math.isfinite(t.scale) and t.scale > 0):
+        raise _Bad(f"scale {t.scale}; must be a positive number")
+    lo, hi = QRANGE[t.dtype]
+    if not lo <= t.zero_point <= hi:
+        raise _Bad(f"zero point {t.zero_point} outside {t.dtype}'s {lo}..{hi}")
+
+
+def _io(t, shape) -> None:
+    expect = (1, t.c, t.h, t.w) if len(shape) == 4 else (1, t.c)
+    if len(shape) not in (2, 4) or tuple(shape) != expect or (len(shape) == 2 and t.h * t.w != 1):
+        raise _Bad(f"dims {list(shape)}, but its tensor is {t.h} x {t.w} x {t.c} (H x W x C)")
+    if t.ring_rows != t.h:
+        raise _Bad(f"a rolling buffer ({t.ring_rows} of {t.h} rows); program inputs and outputs are whole")
+
+
+# -- commands -------------------------------------------------------------------------------------
+def _command(img: ProgramImage, c) -> None:
+    out = img.tensors[c.output[0]]
+    srcs = [img.tensors[t] for t, _ in c.inputs]
+    arity = (1, MAX_INPUTS) if c.kind == "concat" else (2, 2) if c.kind in ("add", "sub", "mul") else (1, 1)
+    if not arity[0] <= len(srcs) <= arity[1]:
+        raise _Bad(f"{len(srcs)} inputs; {c.kind} takes {arity[0] if arity[0] == arity[1] else f'1..{MAX_INPUTS}'}")
+    if c.rows < 1 or c.row0 + c.rows > out.h:
+        raise _Bad(f"writes rows {c.row0}..{c.row0 + c.rows} of a {out.h}-row tensor")
+    for role, (t, off) in [("output", c.output)] + [(f"input {j}", pair) for j, pair in enumerate(c.inputs)]:
+        rec = img.tensors[t]
+        if off + rec.ring_rows * rec.row_bytes > img.arena:
+            raise _Bad(f"{role} at SRAM offset {off} ends past the program's {img.arena}-byte arena")
+    if c.params not in img.blocks:
+        off, length = c.params
+        try:
+            img.blocks[c.params] = decode_params(img.params[off:off + length], "parameter block")
+        except ModelFormatError as e:
+            raise _Bad(str(e)) from None
+    p = img.blocks[c.params]
+    _params(c.kind, p, srcs, out)
+    _shapes(c.kind, p, srcs, out)
+    _weights(img, c, p, srcs, out)
+    _work(c, p, srcs, out)
+
+
+def _scalar(p: dict, name: str) -> int:
+    if name not in p:
+        raise _Bad(f"parameter block lacks '{name}'")
+    if not isinstance(p[name], int):
+        raise _Bad(f"parameter '{name}' is an array of {p[name].size}; a scalar expected")
+    return p[name]
+
+
+def _array(p: dict, name: str, sizes: tuple, what: str, scalar_ok: bool = False):
+    v = p.get(name)
+    if v is None:
+        raise _Bad(f"parameter block lacks '{name}'")
+    if isinstance(v, int) and scalar_ok:
+        return v
+    if isinstance(v, int) or v.size not in sizes:
+        got = "a scalar" if isinstance(v, int) else f"{v.size} values"
+        raise _Bad(f"parameter '{name}' holds {got}; {what} expected")
+    return v
+
+
+def _params(kind: str, p: dict, srcs: list, out) -> None:
+    for name in SCALARS[kind]:
+        v = _scalar(p, name)
+        if name in AT_LEAST and v < AT_LEAST[name]:
+            raise _Bad(f"parameter '{name}' is {v}; must be at least {AT_LEAST[name]}")
+    for name in FLAGS:
+        if name in p and _scalar(p, name) not in (0, 1):
+            raise _Bad(f"parameter '{name}' is {p[name]}; must be 0 or 1")
+    if kind in WINDOWED and p["kernel_h"] * p["kernel_w"] > MAX_TAPS:
+        raise _Bad(f"a {p['kernel_h']} x {p['kernel_w']} window; at most {MAX_TAPS} taps")
+    if kind in WEIGHTED:
+        channel = ((1, out.c), f"1 or {out.c} (one per output channel)")
+        for name in PER_CHANNEL + (("multiplier_neg", "shift_neg") if "multiplier_neg" in p else ()):
+            _array(p, name, *channel, scalar_ok=True)
+    elif kind in ("add", "sub") and p["mode"] == 1:  # TFLite's ADD: an output multiplier too
+        for name in ("multiplier_out", "shift_out"):
+            _scalar(p, name)
+    elif kind in ("avgpool", "global_avgpool"):
+        n = out.h * out.w if kind == "avgpool" else 1
+        names = ("count",) if p.get("code_average") else ("count", "divisor")
+        for name in names:
+            if (_array(p, name, (n,), f"{n} (one per output position)") < 1).any():
+                raise _Bad(f"parameter '{name}' has a value below 1")
+        if not p.get("code_average"):
+            for name in ("multiplier", "shift"):
+                _scalar(p, name)
+            if not 0 <= _scalar(p, "extra_bits") <= 31:
+                raise _Bad(f"parameter 'extra_bits' is {p['extra_bits']}; must be 0..31")
+    elif kind == "lut":
+        lo, hi = QRANGE[srcs[0].dtype]  # the table is indexed by code - qmin
+        if p["qmin"] > lo:
+            raise _Bad(f"parameter 'qmin' is {p['qmin']}; the table must cover {srcs[0].dtype}'s codes {lo}..{hi}")
+        _array(p, "table", (hi - p["qmin"] + 1,), f"{hi - p['qmin'] + 1} (codes {p['qmin']}..{hi})")
+    elif kind == "resize_bilinear":
+        src = srcs[0]
+        for axis, n, limit in (("row", out.h, src.h), ("col", out.w, src.w)):
+            lo_, hi_, _, _ = (_array(p, f"{axis}_{e}", (n,), f"{n} (one per output {axis})")
+                              for e in ("lo", "hi", "w0", "w1"))
+            if (lo_ < 0).any() or (hi_ >= limit).any() or (lo_ > hi_).any():
+                raise _Bad(f"parameters '{axis}_lo' / '{axis}_hi' must satisfy 0 <= lo <= hi < {limit} (the input's "
+                           f"{'rows' if axis == 'row' else 'columns'})")
+
+
+def _shapes(kind: str, p: dict, srcs: list, out) -> None:
+    """The tensor geometry each kernel combines (what the lowering guarantees)."""
+    src = srcs[0]
+
+    def need(ok: bool, what: str):
+        if not ok:
+            raise _Bad(f"{what} (input {' / '.join(f'{s.h} x {s.w} x {s.c}' for s in srcs)}, output "
+                       f"{out.h} x {out.w} x {out.c})")
+
+    if kind == "conv":
+        need(src.c % p["group"] == 0 and out.c % p["group"] == 0,
+             f"group {p['group']} does not divide both channel counts")
+    elif kind in ("depthwise", "avgpool", "maxpool", "resize_bilinear"):
+        need(src.c == out.c, "input and output channels differ")
+    elif kind in ("fully_connected", "global_avgpool"):
+        need(out.h == out.w == 1 and (kind == "global_avgpool" or src.h == src.w == 1), "not a 1 x 1 tensor")
+        need(kind == "fully_connected" or src.c == out.c, "input and output channels differ")
+    elif kind in ("add", "sub", "mul", "lut"):
+        need(all(d in (1, o) for s in srcs for d, o in zip((s.h, s.w, s.c), (out.h, out.w, out.c))),
+             "an input does not broadcast to the output")
+    elif kind == "concat":
+        need(all((s.h, s.w) == (out.h, out.w) for s in srcs) and sum(s.c for s in srcs) == out.c,
+             "inputs' H and W differ from the output's or their channels do not add up to its")
+
+
+def _weights(img: ProgramImage, c, p: dict, srcs: list, out) -> None:
+    off, length, codec, count = c.weights
+    if c.kind not in WEIGHTED:
+        if length or count:
+            raise _Bad(f"a weight block ({length} bytes, {count} weights) for an operation without weights")
+        return
+    src = srcs[0]
+    if c.kind == "conv":
+        expect = out.c * p["kernel_h"] * p["kernel_w"] * (src.c // p["group"])
+    elif c.kind == "depthwise":
+        expect = p["kernel_h"] * p["kernel_w"] * out.c
+    else:
+        expect = out.c * src.c
+    if count != expect:
+        raise _Bad(f"decoded weight count {count}; its shapes need {expect}")
+    problem = block_problem(codec, img.weights[off:off + length], count)
+    if problem:
+        raise _Bad(f"weight block at {off} {problem}")
+
+
+def _work(c, p: dict, srcs: list, out) -> None:
+    """The largest array the kernels build for this stripe (read rows, padded rows, im2col)."""
+    a, b = c.row0, c.row0 + c.rows
+    work = c.rows * out.w * out.c
+    for j, src in enumerate(srcs):
+        lo, hi = needed_rows(c.kind, p, a, b, src.h, j)
+        width = src.w
+        if c.kind in WINDOWED:
+            width = max(src.w + p["pad_left"], (out.w - 1) * p["stride_w"] + (p["kernel_w"] - 1) * p["dilation_w"] + 1)
+        work = max(work, (hi - lo) * width * src.c)
+    if c.kind == "conv":
+        work = max(work, c.rows * out.w * p["kernel_h"] * p["kernel_w"] * (srcs[0].c // p["group"]))
+    if work > MAX_WORK:
+        raise _Bad(f"rows {a}..{b} need arrays of {work} elements; a command may build at most {MAX_WORK}")
+
+
+# -- META -----------------------------------------------------------------------------------------
+def _meta(img: ProgramImage) -> None:
+    """The preprocessing record an image input is prepared with (npuforge/workflow.py transform_of)."""
+    pre = img.meta.get("preprocess")
+    if pre is None:
+        return
+    if not isinstance(pre, dict):
+        raise _Bad(f"'preprocess' is a JSON {type(pre).__name__}, not an object")
+    fit = pre.get("fit")
+    if fit not in (None, "letterbox", "resize"):
+        raise _Bad(f"'preprocess' fit {fit!r}; expected 'letterbox', 'resize' or none")
+    crop = pre.get("crop_size")  # an image input's H, W: npuforge/compiler/cli.py checks it there
+    if not _ints(crop, 2):
+        raise _Bad(f"'preprocess' crop_size {crop!r}; two sizes of at least 1 expected")
+    if fit is None and not (_ints([pre.get("resize_size")], 1) and pre["resize_size"] <= 8 * max(crop)):
+        raise _Bad(f"'preprocess' resize_size {pre.get('resize_size')!r}; a size 1..{8 * max(crop)} expected")
+    if pre.get("interpolation") not in INTERPOLATIONS:
+        raise _Bad(f"'preprocess' interpolation {pre.get('interpolation')!r}; one of {', '.join(INTERPOLATIONS)}")
+    for name in ("mean", "std"):
+        v = pre.get(name)
+        if not (isinstance(v, list) and len(v) == 3 and all(_number(x) for x in v)) or \
+                (name == "std" and 0 in v):
+            raise _Bad(f"'preprocess' {name} {v!r}; three finite numbers expected" +
+                       (" (none 0)" if name == "std" else ""))
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _ints(v, n: int) -> bool:
+    return isinstance(v, list) and len(v) == n and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                                                       for x in v)
