@@ -307,7 +307,7 @@ def test_field_checks_name_the_file_section_record_and_field(work):
         "zero height": (variant("TENSORS", set_field(TENSOR, 1, 1, 0)), "height 0"),
         "flipped IO dims": (variant("IO", lambda b: b.__setitem__(slice(12, 20), b[16:20] + b[12:16])),
                             "IO input 0"),  # C and H
-        "unknown opcode": (variant("COMMANDS", cmd0(0, 12)), "opcode 12 is unknown"),
+        "unknown opcode": (variant("COMMANDS", cmd0(0, 200)), "opcode 200 is unknown"),
         "codec 7": (variant("COMMANDS", cmd0(11, 7)), "codec 7"),
         "META []": (variant("META", lambda b: b.__setitem__(slice(None), b"[]")), "META: a JSON list"),
         "no parameters": (variant("COMMANDS", cmd0(7, 0)), "lacks"),

@@ -46,19 +46,28 @@ TENSOR = struct.Struct("<BxxxIIIIIfiI")  # dtype, h, w, c, offset, ring rows, sc
 COMMAND = struct.Struct("<BBH" + "I" * 8 + "BxxxHxxI")
 INPUT = struct.Struct("<HxxI")  # tensor, SRAM offset
 IO = struct.Struct("<BBHI" + "I" * 4)  # direction (0 in, 1 out), rank, tensor, reserved, dims
-PARAM_ENTRY = struct.Struct("<HBxI")  # tag, kind (0 scalar, 1 array), count
+PARAM_ENTRY = struct.Struct("<HBxI")  # tag, kind (0 scalar, 1 array, 2 bytes), count (of values or bytes)
 
 SECTIONS = ("TENSORS", "COMMANDS", "IO", "PARAMS", "WEIGHTS", "STRINGS", "META")
-DTYPES = ("int8", "uint8", "int16")
+# codes, and (CPU partitions, token ids) the values a node kept in float or computes as indices
+DTYPES = ("int8", "uint8", "int16", "float32", "int32", "int64")
+DTYPE_BYTES = {"int8": 1, "uint8": 1, "int16": 2, "float32": 4, "int32": 4, "int64": 8}
 QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}  # the codes each dtype holds
-OPCODES = ("conv", "depthwise", "fully_connected", "add", "sub", "mul", "avgpool", "global_avgpool", "maxpool",
-           "lut", "concat", "resize_bilinear")
+# NPU operations with kernels of their own (npuforge/compiler/kernels.py), then the node commands:
+# each runs the IR node its parameter block holds with the integer simulator's kernel for it
+# (npuforge/compiler/cpu.py), whole tensors in and out; "cpu" on the host CPU, the others on an NPU
+# whose target lists them
+KERNEL_OPCODES = ("conv", "depthwise", "fully_connected", "add", "sub", "mul", "avgpool", "global_avgpool",
+                  "maxpool", "lut", "concat", "resize_bilinear")
+NODE_OPCODES = ("cpu", "transpose", "matmul", "softmax", "normalization", "gather", "slice", "pad", "elementwise",
+                "reduce")
+OPCODES = KERNEL_OPCODES + NODE_OPCODES
 PARAM_TAGS = ("kernel_h", "kernel_w", "stride_h", "stride_w", "dilation_h", "dilation_w", "pad_top", "pad_left",
               "group", "zp_in", "zp_out", "bias", "multiplier", "shift", "act_min", "act_max", "single_rounding",
               "multiplier_neg", "shift_neg", "zp_in0", "zp_in1", "mode", "left_shift", "multiplier0", "shift0",
               "multiplier1", "shift1", "multiplier_out", "shift_out", "count", "divisor", "extra_bits",
               "code_average", "qmin", "table", "code_shift", "row_lo", "row_hi", "row_w0", "row_w1", "col_lo",
-              "col_hi", "col_w0", "col_w1")
+              "col_hi", "col_w0", "col_w1", "node", "output_index")
 MAX_INPUTS = 255  # a command's input count is a u8
 MAX_TENSORS = 0x10000  # tensor references are u16
 
@@ -77,7 +86,7 @@ class TensorRecord:
 
     @property
     def itemsize(self) -> int:
-        return 2 if self.dtype == "int16" else 1
+        return DTYPE_BYTES[self.dtype]
 
     @property
     def row_bytes(self) -> int:
@@ -109,12 +118,16 @@ class ProgramImage:
     meta: dict = field(default_factory=dict)
     blocks: dict = field(default_factory=dict)  # (offset, length) in PARAMS -> decoded parameter block
     arena: int = 0  # bytes of SRAM the program addresses
+    nodes: dict = field(default_factory=dict)  # a node command's 'node' bytes -> its one-node IR graph
 
 
 # -- parameter blocks ---------------------------------------------------------------------------
 def encode_params(params: dict, where: str) -> bytes:
     out = bytearray()
     for name, value in params.items():
+        if isinstance(value, bytes):  # a node command's IR node (padded to whole int32 words)
+            out += PARAM_ENTRY.pack(PARAM_TAGS.index(name), 2, len(value)) + value + b"\0" * ((-len(value)) % 4)
+            continue
         arr = np.asarray(value)
         if arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
             raise ModelFormatError(f"{where}: parameter '{name}' does not fit int32")
@@ -132,9 +145,14 @@ def decode_params(data: bytes, where: str = "parameter block") -> dict:
             raise ModelFormatError(f"{where}: truncated entry at byte {pos} of {len(data)}")
         tag, kind, count = PARAM_ENTRY.unpack_from(data, pos)
         pos += PARAM_ENTRY.size
-        if tag >= len(PARAM_TAGS) or kind > 1 or pos + 4 * count > len(data) or (kind == 0 and count != 1):
+        size = count + (-count) % 4 if kind == 2 else 4 * count
+        if tag >= len(PARAM_TAGS) or kind > 2 or pos + size > len(data) or (kind == 0 and count != 1):
             raise ModelFormatError(f"{where}: bad entry at byte {pos - PARAM_ENTRY.size} (tag {tag}, kind {kind}, "
                                    f"count {count}, {len(data) - pos} bytes left)")
+        if kind == 2:
+            params[PARAM_TAGS[tag]] = bytes(data[pos:pos + count])
+            pos += size
+            continue
         arr = np.frombuffer(data, "<i4", count, pos).astype(np.int64)
         pos += 4 * count
         params[PARAM_TAGS[tag]] = int(arr[0]) if kind == 0 else arr
@@ -240,7 +258,8 @@ def _parse(blobs: dict, version, where: str) -> ProgramImage:
     for k, (dtype, h, w, c, off, ring, scale, zp, name) in enumerate(_records(blobs["TENSORS"], TENSOR, "TENSORS",
                                                                                   where)):
         if dtype >= len(DTYPES):
-            raise ModelFormatError(f"{where}: TENSORS record {k}: dtype {dtype} is unknown (0 int8, 1 uint8, 2 int16)")
+            raise ModelFormatError(f"{where}: TENSORS record {k}: dtype {dtype} is unknown (0..{len(DTYPES) - 1}: "
+                                   f"{', '.join(DTYPES)})")
         if name >= len(names):
             raise ModelFormatError(f"{where}: TENSORS record {k}: name index {name}; STRINGS holds {len(names)} names")
         tensors.append(TensorRecord(names[name], DTYPES[dtype], h, w, c, off, ring, scale, zp))

@@ -59,6 +59,21 @@ def _pack(lowered, target):
     return bytes(weights), bytes(params), wblocks, pblocks, payload, raw, padded
 
 
+def device_stats(lowered, commands) -> dict:
+    """Where the work runs: the NPU's share of the MACs, and the IR ops left to the host CPU."""
+    macs = {"npu": 0, "cpu": 0}
+    for c in commands:
+        macs["cpu" if lowered.ops[c.op].kind == "cpu" else "npu"] += c.macs
+    cpu_ops: dict = {}
+    for op in lowered.ops:
+        if op.kind == "cpu":
+            cpu_ops[op.ir_op] = cpu_ops.get(op.ir_op, 0) + 1
+    total = macs["npu"] + macs["cpu"]
+    return {"npu_macs_fraction": round(macs["npu"] / total, 6) if total else 1.0, "cpu_macs": macs["cpu"],
+            "cpu_commands": sum(1 for c in commands if lowered.ops[c.op].kind == "cpu"),
+            "cpu_ops": dict(sorted(cpu_ops.items(), key=lambda kv: (-kv[1], kv[0])))}
+
+
 def compile_graph(graph, target, sram: int | None = None, tolerance: float = TOLERANCE) -> Program:
     t0 = time.perf_counter()
     budget = int(sram if sram is not None else target.sram_bytes)
@@ -128,6 +143,7 @@ def compile_graph(graph, target, sram: int | None = None, tolerance: float = TOL
         "weight_bytes_stored": sum(b[1] for b in wblocks),
         "operations": len(lowered.ops),
         "commands": len(commands),
+        **device_stats(lowered, commands),
         "cascades": [{"first": lowered.ops[s.start].name, "last": lowered.ops[s.stop - 1].name,
                       "operations": s.stop - s.start, "stripe_rows": s.stripe} for s in segments if s.stop - s.start > 1],
     }

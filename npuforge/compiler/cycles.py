@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .binfmt import NODE_OPCODES
 from .kernels import needed_rows
 
 
@@ -34,7 +35,33 @@ class CommandCost:
     cycles: int
 
 
+# passes over its elements a node command's NPU class makes (reads, a reduction, the write)
+PASSES = {"softmax": 3, "normalization": 3, "reduce": 1, "gather": 1, "transpose": 1, "slice": 1, "pad": 1,
+          "elementwise": 1}
+
+
+def node_cost(op, tensors, target, dram_payload: int) -> CommandCost:
+    """A node command (whole tensors): on the host CPU at the target's CPU rates plus the hand-over,
+    or on the NPU (a matrix product on the MAC array, the other classes at the elementwise rate)."""
+    elements = sum(tensors[t].h * tensors[t].w * tensors[t].c for t in [*op.inputs, op.output])
+    sram = sum(tensors[t].h * tensors[t].row_bytes for t in [*op.inputs, op.output])
+    if op.kind == "cpu":
+        compute = math.ceil(op.macs * target.cpu_cycles_per_mac + elements * target.cpu_cycles_per_element)
+        return CommandCost(op.macs, compute, sram, dram_payload, compute + target.cpu_command_cycles)
+    if op.kind == "matmul":
+        compute = math.ceil(op.macs / target.macs_per_cycle)
+    else:
+        compute = math.ceil(elements * PASSES.get(op.kind, 1) / target.elementwise_per_cycle)
+    burst = target.dram_burst_bytes
+    dram = math.ceil(dram_payload / burst) * burst
+    transfer_dram = target.dram_latency_cycles + math.ceil(dram / target.dram_bytes_per_cycle) if dram else 0
+    cycles = max(compute, math.ceil(sram / target.sram_bytes_per_cycle), transfer_dram)
+    return CommandCost(op.macs, compute, sram, dram, cycles + target.command_overhead_cycles)
+
+
 def command_cost(op, row0: int, rows: int, tensors, target, dram_payload: int) -> CommandCost:
+    if op.kind in NODE_OPCODES:
+        return node_cost(op, tensors, target, dram_payload)
     out = tensors[op.output]
     p = op.params
     ob, ib = target.mac_block

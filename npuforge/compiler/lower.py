@@ -16,16 +16,34 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import UnsupportedError
-from ..ops.registry import get_op
+from ..errors import ModelFormatError, UnsupportedError
+from ..ir.infer import input_infos
+from ..ops.registry import TensorInfo, get_op
 from ..quant.requant import activation_code_bounds, extra_bits, multiplier_value, quantize_multiplier
 from ..sim.int_ops import max_abs_code
+from .binfmt import DTYPE_BYTES as STORED_BYTES
 from .binfmt import MAX_INPUTS
+from .cpu import encode_node, value_dims, value_layout
 
 DTYPE_BYTES = {"int8": 1, "uint8": 1, "int16": 2}
 QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
 # ops that only rename a value whose HWC bytes stay in the same order
 _VIEWS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity", "Dropout")
+# the NPU class of a node command for each IR op (npuforge/compiler/target.py NPU_OPS); an op not here,
+# or a node kept in float, runs on the host CPU
+NODE_CLASS = {**dict.fromkeys(("Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "DepthToSpace",
+                               "SpaceToDepth", "Identity", "Dropout", "Expand", "Tile"), "transpose"),
+              **dict.fromkeys(("MatMul", "Gemm", "Einsum", "Conv", "ConvTranspose"), "matmul"),
+              **dict.fromkeys(("Softmax", "LogSoftmax"), "softmax"),
+              **dict.fromkeys(("LayerNormalization", "InstanceNormalization", "GroupNormalization",
+                               "LpNormalization", "L2Normalize", "MeanVarianceNormalization"), "normalization"),
+              **dict.fromkeys(("Gather", "GatherElements", "GatherND"), "gather"),
+              **dict.fromkeys(("Slice", "Split", "Concat"), "slice"),
+              "Pad": "pad",
+              **dict.fromkeys(("Add", "Sub", "Mul", "Div", "PRelu", "LeakyRelu", "Max", "Min", "Clip", "Sum",
+                               "Mean", "Resize"), "elementwise"),
+              **dict.fromkeys(("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "GlobalAveragePool",
+                               "GlobalMaxPool", "ArgMax", "ArgMin", "TopK", "MaxPool", "AveragePool"), "reduce")}
 
 
 @dataclass
@@ -42,7 +60,7 @@ class Tensor:
 
     @property
     def itemsize(self) -> int:
-        return DTYPE_BYTES[self.dtype]
+        return STORED_BYTES[self.dtype]
 
     @property
     def row_bytes(self) -> int:
@@ -64,6 +82,8 @@ class NpuOp:
     params: dict = field(default_factory=dict)
     weights: np.ndarray | None = None
     macs: int = 0
+    why: str = ""  # a node command: why the node has no NPU kernel (or, on the CPU, no NPU class)
+    ir_op: str = ""  # the IR op it computes
 
     # window geometry (conv, depthwise, pools); identity for the others
     def window(self) -> tuple:
@@ -102,31 +122,39 @@ class _Lowering:
         self.tensors: list[Tensor] = []
         self.ops: list[NpuOp] = []
         self.ids: dict[str, int] = {}
+        # every value's shape (and constants' data), for the node commands' MACs
+        self.infos = {n: TensorInfo(v.dtype, tuple(v.shape or ()), v.data) for n, v in graph.values.items()}
 
     # -- values ---------------------------------------------------------------------------------
-    def tensor(self, name: str, where: str) -> int:
-        if name in self.ids:
-            return self.ids[name]
+    def tensor(self, name: str, where: str, npu: bool = True) -> int:
+        """The program tensor of IR value ``name`` (created on first use, laid out as cpu.value_layout
+        says). ``npu``: the value feeds or comes from an NPU kernel, which takes one-scale codes of a
+        [1, C, H, W] or [1, C] tensor; anything else is an UnsupportedError, and the node becomes a
+        node command (run whole by the integer simulator's kernel)."""
         v = self.g.values[name]
-        p = v.quant
-        if p is None:
-            raise UnsupportedError(f"{where}: value '{name}' is not quantized; an NPU program computes "
-                                   f"int8 / int16 only (quantize the whole graph)")
-        if p.dtype not in DTYPE_BYTES:
-            raise UnsupportedError(f"{where}: value '{name}' is {p.dtype}; the NPU stores int8, uint8 or int16")
-        if p.per_channel:
-            raise UnsupportedError(f"{where}: value '{name}' is quantized per channel; NPU activations have "
-                                   f"one scale and zero point")
-        shape = _static(v.shape, where)
-        if len(shape) == 4:
-            h, w, c = shape[2], shape[3], shape[1]
-        elif len(shape) == 2:
-            h, w, c = 1, 1, shape[1]
-        else:
-            raise UnsupportedError(f"{where}: value '{name}' has rank {len(shape)}; the NPU lowering takes "
-                                   f"[1, C, H, W] and [1, C] tensors")
-        self.tensors.append(Tensor(name, p.dtype, h, w, c, float(p.scale), int(p.zero_point), shape))
-        self.ids[name] = len(self.tensors) - 1
+        if name not in self.ids:
+            try:
+                dtype, h, w, c = value_layout(v)
+            except ModelFormatError as e:
+                raise UnsupportedError(f"{where}: {e}") from None
+            p = v.quant
+            scale = float(p.scale) if p is not None and not p.per_channel else 1.0
+            zp = int(p.zero_point) if p is not None and not p.per_channel else 0
+            self.tensors.append(Tensor(name, dtype, h, w, c, scale, zp, value_dims(v)))
+            self.ids[name] = len(self.tensors) - 1
+        if npu:
+            p = v.quant
+            if p is None:
+                raise UnsupportedError(f"{where}: value '{name}' is not quantized; the NPU computes codes")
+            if p.dtype not in DTYPE_BYTES:
+                raise UnsupportedError(f"{where}: value '{name}' is {p.dtype}; the NPU stores int8, uint8 or int16")
+            if p.per_channel:
+                raise UnsupportedError(f"{where}: value '{name}' is quantized per channel; NPU activations have "
+                                       f"one scale and zero point")
+            shape = _static(v.shape, where)
+            if len(shape) not in (2, 4):
+                raise UnsupportedError(f"{where}: value '{name}' has rank {len(shape)}; the NPU kernels take "
+                                       f"[1, C, H, W] and [1, C] tensors")
         return self.ids[name]
 
     def _int(self, node, role) -> np.ndarray:
@@ -139,55 +167,100 @@ class _Lowering:
         where = f"node '{node.name}' ({node.op})"
         ins = [self.tensor(i, where) for i in inputs]
         out = self.tensor(node.outputs[0], where)
-        self.ops.append(NpuOp(node.name, kind, ins, out, params, weights, macs))
+        self.ops.append(NpuOp(node.name, kind, ins, out, params, weights, macs, ir_op=node.op))
 
     # -- the walk ---------------------------------------------------------------------------------
     def run(self) -> Lowered:
         g = self.g
         for name in g.inputs:
-            self.tensor(name, f"graph input '{name}'")
+            where = f"graph input '{name}'"
+            dims = value_dims(g.values[name])
+            if len(dims) >= 2 and dims[0] != 1:
+                raise UnsupportedError(f"{where}: batch {dims[0]}; an NPU program runs one sample (batch 1)")
+            self.tensor(name, where, npu=False)
         for node in g.nodes:
-            where = f"node '{node.name}' ({node.op})"
-            op = get_op(node.op)
-            kind = op.quant_kind(node, g)
-            out = g.values[node.outputs[0]] if node.outputs and node.outputs[0] else None
-            if out is None or out.quant is None or (kind not in ("passthrough", "concat") and not node.quant):
-                raise UnsupportedError(f"{where} runs in float in this quantized graph; the NPU computes "
-                                       f"integers only (quantize it, or cut the graph before it)")
-            if node.op in _VIEWS:
-                self._view(node, where)
-            elif kind == "compute":
-                self._compute(node, where)
-            elif kind == "elementwise":
-                self._elementwise(node, where)
-            elif kind == "pool":
-                self._pool(node, where)
-            elif kind == "lut":
-                self._lut(node)
-            elif kind == "concat":
-                self._concat(node, where)
-            elif node.op == "MaxPool":
-                self._window(node, "maxpool", where, {})
-            elif kind == "interpolate":
-                self._resize(node, where)
-            else:
-                raise UnsupportedError(f"{where}: no NPU operation for {node.op} (quantization kind {kind})")
+            try:
+                self._kernel(node)
+            except UnsupportedError as e:  # no NPU kernel: the node runs whole, by its integer rule
+                self._node(node, str(e))
         for name in g.outputs:
             if name not in self.ids:
                 raise UnsupportedError(f"graph output '{name}' is not computed by the NPU program")
         return Lowered(self.tensors, self.ops, [self.ids[n] for n in g.inputs], [self.ids[n] for n in g.outputs],
                        dict(self.ids))
 
+    def _node(self, node, why: str) -> None:
+        """A node command per output: the node's NPU class where the target runs it and the node
+        computes integers, else the host CPU; ``why`` is kept for the report."""
+        where = f"node '{node.name}' ({node.op})"
+        g = self.g
+        why = why.removeprefix(f"{where}: ")
+        klass = NODE_CLASS.get(node.op)
+        kind_of_rule = get_op(node.op).quant_kind(node, g)
+        integer = all(g.values[o].quant is not None for o in node.outputs if o) and (
+            bool(node.quant) or kind_of_rule in ("passthrough", "concat"))
+        kind = klass if klass in self.target.native_ops and integer else "cpu"
+        if kind == "cpu" and klass is not None and integer:
+            why = f"{why}; target '{self.target.name}' does not list '{klass}'"
+        blob = encode_node(g, node)
+        seen, ins = set(), []
+        for name in node.inputs:  # as cpu.node_graph orders the node's inputs
+            if name and name not in seen and not g.values[name].is_const:
+                seen.add(name)
+                ins.append(self.tensor(name, where, npu=False))
+        outs = [o for o in node.outputs if o]
+        try:
+            macs = int(get_op(node.op).macs(node, input_infos(node, self.infos), [self.infos.get(o) for o in
+                                                                                   node.outputs]))
+        except (TypeError, ValueError, AttributeError):  # a shape rule that needs what infos lack
+            macs = 0
+        for k, name in enumerate(outs):
+            label = node.name if len(outs) == 1 else f"{node.name}:{name}"
+            self.ops.append(NpuOp(label, kind, ins, self.tensor(name, where, npu=False),
+                                  {"node": blob, "output_index": k}, None, macs if k == 0 else 0, why, node.op))
+
+    def _kernel(self, node) -> None:
+        """The node as NPU kernel operations; UnsupportedError when it has none on this target."""
+        g = self.g
+        where = f"node '{node.name}' ({node.op})"
+        kind = get_op(node.op).quant_kind(node, g)
+        out = g.values[node.outputs[0]] if node.outputs and node.outputs[0] else None
+        if out is None or out.quant is None or (kind not in ("passthrough", "concat") and not node.quant):
+            raise UnsupportedError(f"{where}: kept in float by the quantizer")
+        if node.op in _VIEWS:
+            self._view(node, where)
+        elif kind == "compute":
+            self._compute(node, where)
+        elif kind == "elementwise":
+            self._elementwise(node, where)
+        elif kind == "pool":
+            self._pool(node, where)
+        elif kind == "lut":
+            self._lut(node)
+        elif kind == "concat":
+            self._concat(node, where)
+        elif node.op == "MaxPool":
+            self._window(node, "maxpool", where, {})
+        elif kind == "interpolate":
+            self._resize(node, where)
+        else:
+            raise UnsupportedError(f"{where}: no NPU kernel for {node.op}")
+
     # -- kinds ------------------------------------------------------------------------------------------
     def _view(self, node, where):
+        """A reshape that leaves the bytes where they are is the same tensor under another name."""
         src = self.tensor(node.inputs[0], where)
         t = self.tensors[src]
-        shape = _static(self.g.values[node.outputs[0]].shape, where)
-        same_order = t.h * t.w == 1 or t.c == 1 or shape == t.nchw
-        p = self.g.values[node.outputs[0]].quant
-        if not same_order or len(shape) not in (2, 4):
-            raise UnsupportedError(f"{where}: reshaping [{t.c}, {t.h}, {t.w}] to {list(shape[1:])} reorders the "
-                                   f"NPU's channel-last bytes; the target has no transpose")
+        v = self.g.values[node.outputs[0]]
+        try:
+            _, h, w, c = value_layout(v)
+        except ModelFormatError as e:
+            raise UnsupportedError(f"{where}: {e}") from None
+        in_ir_order = (t.h * t.w == 1 or t.c == 1, h * w == 1 or c == 1)  # flat, or channel-last of one kind
+        if not (all(in_ir_order) or (not any(in_ir_order) and (t.h, t.w, t.c) == (h, w, c))):
+            raise UnsupportedError(f"{where}: reshaping {t.h} x {t.w} x {t.c} (H x W x C) to {list(v.shape)} moves "
+                                   f"bytes")
+        p = v.quant
         if p is None or not (p.dtype == t.dtype and float(p.scale) == t.scale and int(p.zero_point) == t.zero_point):
             raise UnsupportedError(f"{where}: output parameters differ from the input's; a view cannot rescale")
         self.ids[node.outputs[0]] = src

@@ -19,10 +19,11 @@ import numpy as np
 
 from ..errors import ModelFormatError, NpuforgeError, ShapeError
 from . import kernels
-from .binfmt import QRANGE, ProgramImage, read_program
+from .binfmt import NODE_OPCODES, QRANGE, ProgramImage, read_program
 from .weights import decode
 
-NP_DTYPES = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16}
+NP_DTYPES = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16, "float32": np.float32, "int32": np.int32,
+             "int64": np.int64}
 
 
 def load_program(path) -> ProgramImage:
@@ -41,6 +42,7 @@ class ProgramSimulator:
         self.img = image  # read_program checked it: arena, parameter blocks, weight blocks, shapes
         self.arena = image.arena
         self._weights: dict = {}
+        self._kernels: dict = {}  # a node command's node -> its kernel (cpu.py)
 
     # -- constants ------------------------------------------------------------------------------
     def params(self, c) -> dict:
@@ -76,7 +78,7 @@ class ProgramSimulator:
     def _read(self, sram, tags, k: int, t: int, off: int, lo: int, hi: int, fill: int) -> np.ndarray:
         rec = self.img.tensors[t]
         buf = self._view(sram, t, off)
-        out = np.full((hi - lo, rec.w, rec.c), fill, np.int64)
+        out = np.full((hi - lo, rec.w, rec.c), fill, np.float32 if rec.dtype == "float32" else np.int64)
         rows = np.arange(max(lo, 0), min(hi, rec.h))
         if not rows.size:  # the stripe reads padding only
             return out
@@ -91,7 +93,6 @@ class ProgramSimulator:
 
     def _write(self, sram, tags, t: int, off: int, row0: int, data: np.ndarray) -> None:
         rec = self.img.tensors[t]
-        lo, hi = QRANGE[rec.dtype]
         buf = self._view(sram, t, off)
         end = off + rec.ring_rows * rec.row_bytes
         # a write ends what any other buffer held in these bytes
@@ -103,7 +104,9 @@ class ProgramSimulator:
         if len(data) > rec.ring_rows:
             raise NpuforgeError(f"program fault: {len(data)} rows written to a {rec.ring_rows}-row buffer of "
                                 f"'{rec.name}'")
-        buf[rows % rec.ring_rows] = np.clip(data, lo, hi).astype(NP_DTYPES[rec.dtype])
+        if rec.dtype in QRANGE:  # codes saturate; a float or an index is stored as it is
+            data = np.clip(data, *QRANGE[rec.dtype])
+        buf[rows % rec.ring_rows] = data.astype(NP_DTYPES[rec.dtype])
         tags[off][0][rows % rec.ring_rows] = rows
 
     # -- run ------------------------------------------------------------------------------------
@@ -121,11 +124,12 @@ class ProgramSimulator:
                 raise ShapeError(f"input '{rec.name}': a {x.dtype} array; the program takes numbers")
             if x.shape != shape:
                 raise ShapeError(f"input '{rec.name}': shape {list(x.shape)}, the program takes {list(shape)}")
-            if x.dtype != NP_DTYPES[rec.dtype]:  # float: quantized with the input's parameters
+            if x.dtype != NP_DTYPES[rec.dtype] and rec.dtype in QRANGE:  # float: quantized with the input's parameters
                 lo, hi = QRANGE[rec.dtype]
                 x = np.clip(np.rint(x.astype(np.float32) / np.float32(rec.scale)) + rec.zero_point, lo, hi)
             hwc = x.reshape(rec.c, rec.h, rec.w).transpose(1, 2, 0) if len(shape) == 4 else x.reshape(1, 1, -1)
-            self._write(sram, tags, t, rec.offset, 0, hwc.astype(np.int64))
+            self._write(sram, tags, t, rec.offset, 0, hwc.astype(NP_DTYPES[rec.dtype] if rec.dtype not in QRANGE
+                                                                    else np.int64))
         for k, c in enumerate(img.commands):
             self._command(sram, tags, k, c)
         result = {}
@@ -136,8 +140,22 @@ class ProgramSimulator:
             result[rec.name] = arr.reshape(shape).astype(NP_DTYPES[rec.dtype])
         return result
 
+    def _node_command(self, sram, tags, k: int, c, p: dict) -> None:
+        """A node command: its node run on whole tensors by the integer simulator's kernel (cpu.py)."""
+        key = p["node"]
+        if key not in self._kernels:
+            from .cpu import CpuKernel
+
+            self._kernels[key] = CpuKernel(self.img.nodes[key])
+        ins = [self._read(sram, tags, k, t, off, 0, self.img.tensors[t].h, 0) for t, off in c.inputs]
+        ins = [x.astype(NP_DTYPES[self.img.tensors[t].dtype]) for x, (t, _) in zip(ins, c.inputs)]
+        y = self._kernels[key].run_stored(ins, p["output_index"])
+        self._write(sram, tags, c.output[0], c.output[1], 0, y)
+
     def _command(self, sram, tags, k: int, c) -> None:
         p = self.params(c)
+        if c.kind in NODE_OPCODES:
+            return self._node_command(sram, tags, k, c, p)
         w = self.weights(c, p)
         out_t, out_off = c.output
         out = self.img.tensors[out_t]

@@ -12,7 +12,7 @@ from ..analysis.report import CSS, _table
 from ..fileio import write_atomic
 
 COLUMNS = ("layer", "op", "commands", "stripe_rows", "macs", "cycles", "compute_cycles", "sram_bytes", "dram_bytes",
-           "mac_utilization", "bound")
+           "mac_utilization", "bound", "device", "why")
 
 
 def layer_rows(program) -> list[dict]:
@@ -25,6 +25,7 @@ def layer_rows(program) -> list[dict]:
         r = rows.setdefault(c.op, {"layer": op.name, "op": op.kind, "commands": 0, "stripe_rows": stripe.get(c.op, 0),
                                    "macs": 0, "cycles": 0, "compute_cycles": 0, "sram_bytes": 0, "dram_bytes": 0,
                                    "_compute_bound": 0})
+        r["device"], r["why"] = ("cpu" if op.kind == "cpu" else "npu"), op.why
         r["commands"] += 1
         for key in ("macs", "cycles", "sram_bytes", "dram_bytes"):
             r[key] += getattr(c, key)
@@ -60,9 +61,13 @@ def summary_lines(program) -> list[str]:
     s = program.stats
     cascades = s["cascades"]
     ratio = s["weight_bytes_raw"] / s["weight_bytes_stored"] if s["weight_bytes_stored"] else 1.0
+    cpu = s.get("cpu_ops") or {}
+    on_cpu = sum(cpu.values())
+    where = (f"; {on_cpu} on the host CPU ({', '.join(f'{op} {n}' for op, n in cpu.items())}), "
+             f"{100 * s['npu_macs_fraction']:.1f} % of the MACs on the NPU" if on_cpu else "; all on the NPU")
     return [
-        f"compiled {s['model']} for {s['target']}: {s['operations']} NPU operations, {s['commands']} commands, "
-        f"{len(cascades)} cascade{'s' if len(cascades) != 1 else ''}",
+        f"compiled {s['model']} for {s['target']}: {s['operations']} operations, {s['commands']} commands, "
+        f"{len(cascades)} cascade{'s' if len(cascades) != 1 else ''}{where}",
         f"  SRAM: peak {_kib(s['peak_sram'])} of a {_kib(s['sram_budget'])} budget (liveness bound of this "
         f"schedule {_kib(s['liveness_bound'])}; whole tensors would need {_kib(s['untiled_liveness_bound'])}, "
         f"{_kib(s['no_reuse_bytes'])} without reuse)",

@@ -14,9 +14,11 @@ from ..errors import NpuforgeError
 
 BUILTIN_DIR = Path(__file__).parent / "targets"
 
-# every NPU operation the lowering can produce (a target lists the ones it runs natively)
+# every NPU operation the lowering can produce (a target lists the ones it runs natively); what a
+# target does not list runs on the host CPU, in the same program
 NPU_OPS = ("conv", "depthwise", "fully_connected", "add", "sub", "mul", "avgpool", "global_avgpool", "maxpool",
-           "lut", "concat", "resize_bilinear")
+           "lut", "concat", "resize_bilinear", "transpose", "matmul", "softmax", "normalization", "gather", "slice",
+           "pad", "elementwise", "reduce")
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,11 @@ class Target:
     command_overhead_cycles: int = 32
     alignment: int = 16
     native_ops: tuple = field(default=NPU_OPS)
+    # the host CPU that runs what the NPU does not, in NPU cycles: per multiply-accumulate, per element
+    # read or written, and per command (the hand-over between NPU and CPU)
+    cpu_cycles_per_mac: float = 2.0
+    cpu_cycles_per_element: float = 4.0
+    cpu_command_cycles: int = 2000
 
     def with_sram(self, sram_bytes: int) -> "Target":
         return dataclasses.replace(self, sram_bytes=int(sram_bytes))
@@ -71,7 +78,10 @@ def target_from_dict(data: dict, where: str) -> Target:
             _positive(where, key, data[key], integer=True)
     for key in ("sram_bytes_per_cycle", "dram_bytes_per_cycle", "clock_mhz"):
         _positive(where, key, data[key], integer=False)
-    for key in ("dram_latency_cycles", "command_overhead_cycles"):
+    for key in ("cpu_cycles_per_mac", "cpu_cycles_per_element"):
+        if key in data:
+            _positive(where, key, data[key], integer=False)
+    for key in ("dram_latency_cycles", "command_overhead_cycles", "cpu_command_cycles"):
         if key in data and (not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < 0):
             raise NpuforgeError(f"{where}: '{key}' must be a non-negative integer, not {data[key]!r}")
     values = dict(data)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ModelFormatError
-from .binfmt import MAX_INPUTS, QRANGE, ProgramImage, decode_params
+from .binfmt import MAX_INPUTS, NODE_OPCODES, QRANGE, ProgramImage, decode_params
 from .kernels import needed_rows
 from .weights import block_problem
 
@@ -86,14 +86,18 @@ def _tensor(t) -> None:
                    f"at most {MAX_SRAM_BYTES} bytes")
     if not (math.isfinite(t.scale) and t.scale > 0):
         raise _Bad(f"scale {t.scale}; must be a positive number")
-    lo, hi = QRANGE[t.dtype]
+    lo, hi = QRANGE.get(t.dtype, (0, 0))  # a float or index tensor has no codes: zero point 0
     if not lo <= t.zero_point <= hi:
         raise _Bad(f"zero point {t.zero_point} outside {t.dtype}'s {lo}..{hi}")
 
 
 def _io(t, shape) -> None:
-    expect = (1, t.c, t.h, t.w) if len(shape) == 4 else (1, t.c)
-    if len(shape) not in (2, 4) or tuple(shape) != expect or (len(shape) == 2 and t.h * t.w != 1):
+    """A 4-D value is its H x W x C tensor; any other rank is flat: 1 x 1 x its element count."""
+    if len(shape) == 4:
+        ok = tuple(shape) == (1, t.c, t.h, t.w)
+    else:
+        ok = t.h == t.w == 1 and math.prod(shape) == t.c and (len(shape) < 2 or shape[0] == 1)
+    if not ok:
         raise _Bad(f"dims {list(shape)}, but its tensor is {t.h} x {t.w} x {t.c} (H x W x C)")
     if t.ring_rows != t.h:
         raise _Bad(f"a rolling buffer ({t.ring_rows} of {t.h} rows); program inputs and outputs are whole")
@@ -103,6 +107,8 @@ def _io(t, shape) -> None:
 def _command(img: ProgramImage, c) -> None:
     out = img.tensors[c.output[0]]
     srcs = [img.tensors[t] for t, _ in c.inputs]
+    if c.kind in NODE_OPCODES:
+        return _node_command(img, c, out, srcs)
     arity = (1, MAX_INPUTS) if c.kind == "concat" else (2, 2) if c.kind in ("add", "sub", "mul") else (1, 1)
     if not arity[0] <= len(srcs) <= arity[1]:
         raise _Bad(f"{len(srcs)} inputs; {c.kind} takes {arity[0] if arity[0] == arity[1] else f'1..{MAX_INPUTS}'}")
@@ -123,6 +129,48 @@ def _command(img: ProgramImage, c) -> None:
     _shapes(c.kind, p, srcs, out)
     _weights(img, c, p, srcs, out)
     _work(c, p, srcs, out)
+
+
+def _node_command(img: ProgramImage, c, out, srcs) -> None:
+    """A command running an IR node: whole tensors in and out, each the size and type of the node's
+    value (checked against the node the block holds), and no weight block."""
+    from .cpu import decode_node, value_layout
+
+    for role, (t, off) in [("output", c.output)] + [(f"input {j}", pair) for j, pair in enumerate(c.inputs)]:
+        rec = img.tensors[t]
+        if rec.ring_rows != rec.h or off + rec.h * rec.row_bytes > img.arena:
+            raise _Bad(f"{role}: a node command reads and writes whole tensors inside the arena")
+    if c.row0 != 0 or c.rows != out.h:
+        raise _Bad(f"writes rows {c.row0}..{c.row0 + c.rows}; a node command writes all {out.h}")
+    if c.weights[1] or c.weights[3]:
+        raise _Bad("a weight block for a node command (its constants are in its parameter block)")
+    if c.params not in img.blocks:
+        off, length = c.params
+        try:
+            img.blocks[c.params] = decode_params(img.params[off:off + length], "parameter block")
+        except ModelFormatError as e:
+            raise _Bad(str(e)) from None
+    p = img.blocks[c.params]
+    if not isinstance(p.get("node"), bytes):
+        raise _Bad("parameter block lacks its 'node'")
+    index = _scalar(p, "output_index")
+    if p["node"] not in img.nodes:
+        try:
+            img.nodes[p["node"]] = decode_node(p["node"], "its node")
+        except ModelFormatError as e:
+            raise _Bad(str(e)) from None
+    graph = img.nodes[p["node"]]
+    if len(graph.inputs) != len(srcs) or not 0 <= index < len(graph.outputs):
+        raise _Bad(f"{len(srcs)} inputs and output {index}; its node has {len(graph.inputs)} inputs and "
+                   f"{len(graph.outputs)} outputs")
+    for role, name, rec in [("output", graph.outputs[index], out)] + [
+            (f"input {j}", n, s) for j, (n, s) in enumerate(zip(graph.inputs, srcs))]:
+        layout = value_layout(graph.values[name])
+        if layout != (rec.dtype, rec.h, rec.w, rec.c):
+            raise _Bad(f"{role} is {rec.h} x {rec.w} x {rec.c} {rec.dtype}; its node's value '{name}' is "
+                       f"{layout[1]} x {layout[2]} x {layout[3]} {layout[0]}")
+        if rec.h * rec.w * rec.c > MAX_WORK:
+            raise _Bad(f"{role} holds {rec.h * rec.w * rec.c} elements; a command may build at most {MAX_WORK}")
 
 
 def _scalar(p: dict, name: str) -> int:

@@ -1,0 +1,133 @@
+"""Every quantized model compiles: what the target has no kernel for runs as a node command (the
+integer simulator's own kernel for that node, whole tensors) on the NPU where the target lists its
+class, else on the host CPU, in the same program; the program simulator equals the integer
+simulator bit for bit (npuforge/compiler/cpu.py, lower.py)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import npuforge
+from npuforge.cli import main
+from npuforge.compiler.binfmt import read_program
+from npuforge.compiler.compile import compile_graph
+from npuforge.compiler.progsim import ProgramSimulator
+from npuforge.compiler.target import load_target
+from npuforge.sim.integer import IntegerSimulator, quantize_input
+
+
+class Attention(nn.Module):
+    """Conv stem, PRelu (kept in float), tokens, LayerNorm, one attention head, Split, Concat, a mean."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.act = nn.Conv2d(3, 8, 3, stride=2), nn.PReLU(8)
+        self.norm, self.fc = nn.LayerNorm(8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.act(self.stem(x)) * 0.5 + 0.25
+        t = self.norm(y.flatten(2).transpose(1, 2))
+        a = torch.softmax(t @ t.transpose(1, 2), -1) @ t
+        left, right = a.split(4, dim=2)
+        return self.fc(torch.cat([right, left], 2)).mean(1)
+
+
+class Audio(nn.Module):
+    """1-D convolutions and a pool over a [N, C, L] signal."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv1d(4, 8, 5, stride=2), nn.ReLU(), nn.MaxPool1d(2), nn.Conv1d(8, 6, 3))
+
+    def forward(self, x):
+        return self.body(x).mean(2)
+
+
+class Tokens(nn.Module):
+    """Token ids (int64) through an embedding table (Gather), then a classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.fc = nn.Embedding(50, 16), nn.Linear(16, 4)
+
+    def forward(self, ids):
+        return self.fc(self.embed(ids).mean(1))
+
+
+def _example(name):
+    return torch.randint(0, 50, (1, 7)) if name == "tokens" else torch.zeros(
+        {"attention": (1, 3, 16, 16), "audio": (1, 4, 64)}[name])
+
+
+def _data(name, rng):
+    if name == "tokens":
+        return rng.integers(0, 50, (1, 7)).astype(np.int64)
+    return rng.normal(size=tuple(_example(name).shape)).astype(np.float32)
+
+
+@pytest.fixture(scope="module", params=["attention", "audio", "tokens"])
+def quantized(request):
+    torch.manual_seed(0)
+    module = {"attention": Attention, "audio": Audio, "tokens": Tokens}[request.param]().eval()
+    graph = npuforge.from_torch(module, _example(request.param), dynamic_batch=False)
+    rng = np.random.default_rng(0)
+    q = npuforge.quantize(graph, [{graph.inputs[0]: _data(request.param, rng)} for _ in range(4)], log=lambda m: None)
+    return request.param, q
+
+
+def _feeds(name, q, rng):
+    x = _data(name, rng)
+    p = q.values[q.inputs[0]].quant
+    return {q.inputs[0]: quantize_input(x, p) if p is not None else x}
+
+
+@pytest.mark.parametrize("target", ["npu256", "npu1k"])
+def test_the_program_computes_what_the_integer_simulator_computes(quantized, target):
+    name, q = quantized
+    program = compile_graph(q, load_target(target))
+    sim, ref = ProgramSimulator(read_program(program.data, name)), IntegerSimulator(q)
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        feeds = _feeds(name, q, rng)
+        got, want = sim.run(feeds), ref.run(feeds, dequantize=False)
+        for out in q.outputs:
+            assert got[out].dtype == want[out].dtype and np.array_equal(got[out], want[out]), (target, out)
+    s = program.stats
+    assert program.peak <= s["sram_budget"] and 0 <= s["npu_macs_fraction"] <= 1
+
+
+def test_the_transformer_class_target_keeps_only_float_nodes_on_the_cpu(quantized):
+    name, q = quantized
+    small, big = (compile_graph(q, load_target(t)) for t in ("npu256", "npu1k"))
+    floats = {n.op for n in q.nodes if not n.quant and get_kind(q, n) not in ("passthrough", "concat", "shape")}
+    assert set(big.stats["cpu_ops"]) <= floats, big.stats["cpu_ops"]
+    assert big.stats["npu_macs_fraction"] >= small.stats["npu_macs_fraction"]
+    if name == "attention":  # the float PRelu stays on the CPU; on npu256 the transformer ops join it
+        assert set(big.stats["cpu_ops"]) == {"PRelu"}
+        assert {"Softmax", "LayerNormalization", "MatMul"} <= set(small.stats["cpu_ops"])
+
+
+def get_kind(q, node):
+    from npuforge.ops.registry import get_op
+
+    return get_op(node.op).quant_kind(node, q)
+
+
+def test_the_report_marks_each_command_and_says_why(quantized, tmp_path, capsys):
+    name, q = quantized
+    npuforge.save(q, tmp_path / "q.nfir")
+    assert main(["compile", str(tmp_path / "q.nfir"), "-o", str(tmp_path / "q.npub"), "--json",
+                 "--csv", str(tmp_path / "layers.csv")]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert {"npu_macs_fraction", "cpu_ops", "cpu_commands"} <= set(stats)
+    for row in stats["layers"]:
+        assert row["device"] in ("npu", "cpu")
+        assert row["device"] == ("cpu" if row["op"] == "cpu" else "npu")
+        assert row["why"] or row["device"] == "npu"  # every CPU command says why it left the NPU
+    assert "device,why" in (tmp_path / "layers.csv").read_text().splitlines()[0]
+    x = tmp_path / "x.npy"
+    np.save(x, _data(name, np.random.default_rng(2)))
+    assert main(["run", str(tmp_path / "q.npub"), "--input", str(x)]) == 0
