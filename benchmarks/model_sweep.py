@@ -3,12 +3,12 @@
 Each architecture is built with random weights (``pretrained=False`` /
 ``weights=None``: this measures coverage and numerics, not accuracy), exported
 with ``torch.onnx.export(model.eval(), x, path, opset_version=17, dynamo=False)``
-(x: batch 2, seeded) and taken through npuforge's Python API:
+(x: batch 1, seeded, as an NPU program runs) and taken through npuforge's Python API:
 
   1. import      ``npuforge.load``; float max |npuforge - ONNX Runtime| over
                  max |ONNX Runtime| on a seeded random input (max over outputs)
   2. quantize    ``npuforge.quantize(graph, calib, {}, log=...)`` on 4 seeded
-                 random batches of 2 (standard-normal images, or token ids for
+                 random batches of 1 (standard-normal images, or token ids for
                  the encoder), default config (minmax, per-channel int8 weights,
                  uint8 activations): the nodes kept in float with the
                  quantizer's reason (its warnings), and the Concats it put in
@@ -71,13 +71,13 @@ from pathlib import Path
 
 import numpy as np
 
-BATCH = 2
-CALIB_BATCHES = 4
+BATCH = 1  # what an NPU program runs (the compile stage needs it); the calibration still sees 8 images
+CALIB_BATCHES = 8
 EVAL_SEED = 1234
 VOCAB, SEQ = 1000, 32
 
 # ---------------------------------------------------------------------------------------------
-# the models: name -> (family, builder); a builder returns (module, example input of batch 2)
+# the models: name -> (family, builder); a builder returns (module, example input of batch BATCH)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -513,6 +513,35 @@ def run_worker(name: str, record_path: Path, workdir: Path) -> None:
     if got is not None and fake is not None:
         names = list(got)
         rec["cos_qdq_vs_fake"] = {o: cosine(got.get(o, got[names[i]]), fake[o]) for i, o in enumerate(q.outputs)}
+    save()
+
+    # 6. the NPU program, on each target: compiled, run by the program simulator on the first sample,
+    # its output codes against the integer simulator's -----------------------------------------------
+    from npuforge.compiler.binfmt import read_program
+    from npuforge.compiler.compile import compile_graph
+    from npuforge.compiler.progsim import ProgramSimulator
+    from npuforge.compiler.target import load_target
+    from npuforge.sim.integer import quantize_input
+
+    p_in = q.values[q.inputs[0]].quant
+    one = x_np[:1]
+    feeds1 = {q.inputs[0]: quantize_input(one, p_in) if p_in is not None else one}
+    rec["compile"] = {}
+    for target in COMPILE_TARGETS:
+        def compiled(target=target):
+            t0 = time.perf_counter()
+            program = compile_graph(q, load_target(target))
+            seconds = time.perf_counter() - t0
+            got = ProgramSimulator(read_program(program.data, name)).run(feeds1)
+            want = IntegerSimulator(q, "fixedpoint").run(feeds1, dequantize=False)
+            differ = {o: int(np.count_nonzero(np.asarray(got[o]) != np.asarray(want[o]))) for o in q.outputs}
+            s = program.stats
+            rec["compile"][target] = {"npu_macs_fraction": s["npu_macs_fraction"], "cpu_ops": s["cpu_ops"],
+                                      "peak_sram": s["peak_sram"], "sram_budget": s["sram_budget"],
+                                      "cycles": s["cycles"], "seconds": round(seconds, 2),
+                                      "codes_differing": differ}
+        stage(f"compile_{target}", compiled)
+        save()
     rec["done"] = True
     save()
 
@@ -521,8 +550,9 @@ def run_worker(name: str, record_path: Path, workdir: Path) -> None:
 # the driver: one subprocess per model, then the table and the summary
 # ---------------------------------------------------------------------------------------------
 
+COMPILE_TARGETS = ("npu256", "npu1k")
 STAGES = ("build", "export", "import", "float_vs_ort", "quantize", "fake_quant", "integer_sim", "lowering",
-          "lowered_run", "qdq_ort")
+          "lowered_run", "qdq_ort") + tuple(f"compile_{t}" for t in COMPILE_TARGETS)
 
 
 def run_one(name: str, timeout: float, workdir: Path) -> dict:
@@ -662,10 +692,23 @@ def _first_failure(rec) -> tuple[str, str] | None:
     return None
 
 
+def _compile_cell(rec, target: str) -> str:
+    s = rec["stages"].get(f"compile_{target}")
+    if s is None:
+        return "-"
+    if s != "ok":
+        return "FAIL: " + _short(s, 60)
+    c = rec["compile"][target]
+    exact = "exact" if not any(c["codes_differing"].values()) else \
+        f"{sum(c['codes_differing'].values())} codes differ"
+    return f"{100 * c['npu_macs_fraction']:.1f} %, {exact}"
+
+
 def table(records: list[dict]) -> str:
     head = ("| model | family | import | float rel. err | nodes left float (ops, reason) | int16 concats | "
-            "int vs fake cos (min) | fake vs float cos (min) | ORT lowering | QDQ in ORT (cos vs fake) | s |")
-    lines = [head, "|" + "---|" * 11]
+            "int vs fake cos (min) | fake vs float cos (min) | ORT lowering | QDQ in ORT (cos vs fake) | "
+            + " | ".join(f"{t}: NPU MACs, program vs int" for t in COMPILE_TARGETS) + " | s |")
+    lines = [head, "|" + "---|" * (11 + len(COMPILE_TARGETS))]
     for rec in records:
         st = rec["stages"]
         imp = st.get("import")
@@ -704,8 +747,9 @@ def table(records: list[dict]) -> str:
             cf_cell = _fmt_cos(cf)
         secs = rec["seconds"].get("total", rec["seconds"].get("wall"))
         worker = "" if rec.get("worker", "ok") == "ok" else f" ({rec['worker']})"
+        compiled = " | ".join(_compile_cell(rec, t) for t in COMPILE_TARGETS)
         lines.append(f"| {rec['model']}{worker} | {rec['family']} | {imp} | {rel} | {fl} | {i16} | {ci_cell} | "
-                     f"{cf_cell} | {_lowering_cell(rec)} | {qdq_cell} | {secs} |")
+                     f"{cf_cell} | {_lowering_cell(rec)} | {qdq_cell} | {compiled} | {secs} |")
     return "\n".join(lines)
 
 

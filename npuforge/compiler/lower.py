@@ -126,7 +126,7 @@ class _Lowering:
         self.infos = {n: TensorInfo(v.dtype, tuple(v.shape or ()), v.data) for n, v in graph.values.items()}
 
     # -- values ---------------------------------------------------------------------------------
-    def tensor(self, name: str, where: str, npu: bool = True) -> int:
+    def tensor(self, name: str, where: str, npu: bool = True, ranks=(2, 3, 4)) -> int:
         """The program tensor of IR value ``name`` (created on first use, laid out as cpu.value_layout
         says). ``npu``: the value feeds or comes from an NPU kernel, which takes one-scale codes of a
         [1, C, H, W] or [1, C] tensor; anything else is an UnsupportedError, and the node becomes a
@@ -152,21 +152,21 @@ class _Lowering:
                 raise UnsupportedError(f"{where}: value '{name}' is quantized per channel; NPU activations have "
                                        f"one scale and zero point")
             shape = _static(v.shape, where)
-            if len(shape) not in (2, 4):
-                raise UnsupportedError(f"{where}: value '{name}' has rank {len(shape)}; the NPU kernels take "
-                                       f"[1, C, H, W] and [1, C] tensors")
+            if ranks is not None and len(shape) not in ranks:
+                raise UnsupportedError(f"{where}: value '{name}' has rank {len(shape)}; this NPU kernel takes "
+                                       f"rank {' or '.join(map(str, ranks))}")
         return self.ids[name]
 
     def _int(self, node, role) -> np.ndarray:
         return np.asarray(self.g.values[node.quant[role]].data)
 
-    def _add(self, node, kind, inputs, params, weights=None, macs=0) -> None:
+    def _add(self, node, kind, inputs, params, weights=None, macs=0, ranks=(2, 3, 4)) -> None:
         if kind not in self.target.native_ops:
             raise UnsupportedError(f"node '{node.name}' ({node.op}): target '{self.target.name}' has no "
                                    f"'{kind}' operation (its native ops: {', '.join(self.target.native_ops)})")
         where = f"node '{node.name}' ({node.op})"
-        ins = [self.tensor(i, where) for i in inputs]
-        out = self.tensor(node.outputs[0], where)
+        ins = [self.tensor(i, where, ranks=ranks) for i in inputs]
+        out = self.tensor(node.outputs[0], where, ranks=ranks)
         self.ops.append(NpuOp(node.name, kind, ins, out, params, weights, macs, ir_op=node.op))
 
     # -- the walk ---------------------------------------------------------------------------------
@@ -295,10 +295,15 @@ class _Lowering:
             transposed = node.op == "Gemm" and a["transB"]
             packed = w if transposed else w.T  # [N, K]: one row of weights per output
             kind, params = "fully_connected", {}
-            if len(_static(g.values[node.inputs[0]].shape, where)) != 2:
-                raise UnsupportedError(f"{where}: a fully connected layer on a rank-"
-                                       f"{len(g.values[node.inputs[0]].shape)} input; the NPU takes [1, K]")
-            macs = packed.size
+            in_shape = _static(g.values[node.inputs[0]].shape, where)
+            if len(in_shape) == 3:  # tokens [1, L, K], stored 1 x L x K: a 1 x 1 convolution over L
+                kind, packed = "conv", packed.reshape(packed.shape[0], 1, 1, packed.shape[1])
+                params = {"kernel_h": 1, "kernel_w": 1, "stride_h": 1, "stride_w": 1, "dilation_h": 1,
+                          "dilation_w": 1, "pad_top": 0, "pad_left": 0, "group": 1}
+            elif len(in_shape) != 2:
+                raise UnsupportedError(f"{where}: a fully connected layer on a rank-{len(in_shape)} input; the NPU "
+                                       f"takes [1, K] and tokens [1, L, K]")
+            macs = packed.size * (in_shape[1] if len(in_shape) == 3 else 1)
         else:
             raise UnsupportedError(f"{where}: {node.op} has no NPU operation (conv, depthwise and fully "
                                    f"connected are lowered)")
@@ -325,6 +330,10 @@ class _Lowering:
             if f"input{k}" in node.quant or g.values[node.inputs[k]].is_const:
                 raise UnsupportedError(f"{where}: a constant operand; the NPU's {node.op.lower()} takes two "
                                        f"activations")
+        ranks = {len(g.values[i].shape) for i in [*node.inputs[:2], node.outputs[0]]}
+        if len(ranks) != 1:  # ONNX aligns trailing dims; the stored layouts align channels
+            raise UnsupportedError(f"{where}: operands of ranks {sorted(ranks)}; the NPU's {node.op.lower()} "
+                                   f"takes operands of the output's rank")
         shapes = [self.tensors[self.tensor(i, where)] for i in node.inputs[:2]]
         out = self.tensors[self.tensor(node.outputs[0], where)]
         for t in shapes:
@@ -403,13 +412,13 @@ class _Lowering:
     def _lut(self, node):
         xq = self.g.values[node.inputs[0]].quant
         table = self._int(node, "lut").astype(np.int64)
-        self._add(node, "lut", node.inputs[:1], {"qmin": xq.qmin, "table": table})
+        self._add(node, "lut", node.inputs[:1], {"qmin": xq.qmin, "table": table}, ranks=None)  # any layout
 
     def _concat(self, node, where):
         g = self.g
         yq = g.values[node.outputs[0]].quant
         rank = len(g.values[node.outputs[0]].shape)
-        if node.attrs["axis"] % rank != 1:
+        if node.attrs["axis"] % rank != (2 if rank == 3 else 1):  # the axis stored innermost (C, or D of tokens)
             raise UnsupportedError(f"{where}: concatenation along axis {node.attrs['axis']}; the NPU "
                                    f"concatenates channels")
         if len(node.inputs) > MAX_INPUTS:

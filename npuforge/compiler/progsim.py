@@ -127,7 +127,9 @@ class ProgramSimulator:
             if x.dtype != NP_DTYPES[rec.dtype] and rec.dtype in QRANGE:  # float: quantized with the input's parameters
                 lo, hi = QRANGE[rec.dtype]
                 x = np.clip(np.rint(x.astype(np.float32) / np.float32(rec.scale)) + rec.zero_point, lo, hi)
-            hwc = x.reshape(rec.c, rec.h, rec.w).transpose(1, 2, 0) if len(shape) == 4 else x.reshape(1, 1, -1)
+            # 4-D: NCHW to channel-last; any other rank is stored in its own element order
+            hwc = x.reshape(rec.c, rec.h, rec.w).transpose(1, 2, 0) if len(shape) == 4 else \
+                x.reshape(rec.h, rec.w, rec.c)
             self._write(sram, tags, t, rec.offset, 0, hwc.astype(NP_DTYPES[rec.dtype] if rec.dtype not in QRANGE
                                                                     else np.int64))
         for k, c in enumerate(img.commands):

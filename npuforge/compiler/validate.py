@@ -92,9 +92,12 @@ def _tensor(t) -> None:
 
 
 def _io(t, shape) -> None:
-    """A 4-D value is its H x W x C tensor; any other rank is flat: 1 x 1 x its element count."""
+    """A 4-D value is its H x W x C tensor, a 3-D one [1, L, D] 1 x L x D; any other rank is flat:
+    1 x 1 x its element count."""
     if len(shape) == 4:
         ok = tuple(shape) == (1, t.c, t.h, t.w)
+    elif len(shape) == 3 and shape[0] == 1:
+        ok = tuple(shape) == (1, t.w, t.c) and t.h == 1
     else:
         ok = t.h == t.w == 1 and math.prod(shape) == t.c and (len(shape) < 2 or shape[0] == 1)
     if not ok:
