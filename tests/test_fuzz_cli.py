@@ -17,6 +17,8 @@ import npuforge
 from fuzz_harness import fuzz_cases, run_case
 from npuforge.cli import build_parser, command_parsers
 
+pytestmark = pytest.mark.slow  # seconds of mutated inputs; their verdicts do not depend on float kernels
+
 OUTPUT_DESTS = {"output", "csv", "report", "run_dir"}
 COMMANDS = ("inspect", "check", "run", "optimize", "quantize", "export", "compile", "eval", "analyze")
 

@@ -30,6 +30,8 @@ from npuforge.compiler.compile import compile_graph
 from npuforge.compiler.target import load_target
 from npuforge.frontend.onnx_importer import import_onnx
 
+pytestmark = pytest.mark.slow  # seconds of mutated inputs; their verdicts do not depend on float kernels
+
 PREPROCESS = {"resize_size": 18, "crop_size": [16, 16], "interpolation": "bilinear", "mean": [123.675, 116.28, 103.53],
               "std": [58.395, 57.12, 57.375], "source": "test"}
 

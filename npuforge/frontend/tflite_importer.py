@@ -26,14 +26,23 @@ the float op rounded to the output grid (quant/tflite_tables.py says how each
 compares with LiteRT). An op whose output keeps its input's parameters in npuforge
 (MAX_POOL_2D, RESHAPE, TRANSPOSE, PAD, CONCATENATION, RESIZE_*) must have them in the
 file too; an op with no integer rule is refused, naming it.
+
+Corrupt files. The flatbuffer accessors of the ``tflite`` package check no offset, so
+:mod:`npuforge.frontend.tflite_verify` first checks every table, vector, index and shape
+the importer reads; the rules check attribute values (strides, padding, activation,
+axes) before computing with them. A bad file is a ModelFormatError naming the file and
+the tensor or operator.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import struct
+import traceback
 from pathlib import Path
 
+import flatbuffers
 import numpy as np
 import tflite
 from tflite.BuiltinOperator import BuiltinOperator
@@ -47,11 +56,18 @@ from ..quant.config import QuantConfig
 from ..quant.params import QParams
 from ..quant.quantize import _quantize_node
 from .tflite_ops import IR_AXIS, TFLITE_CONFIG, TO_FILE, TO_IR, OperatorRules, ir_shape, orders_differ
+from .tflite_verify import verify_model, verify_options
 
 _OP_NAMES = {code: name for name, code in vars(BuiltinOperator).items() if not name.startswith("_")}
 # quantization kinds whose output keeps its input's parameters (npuforge moves or interpolates codes)
 _SHARED_GRID = ("passthrough", "concat", "interpolate")
 _DTYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 6: "bool", 7: "int16", 9: "int8"}
+
+
+def _text(raw: bytes) -> str:
+    """A name from the file, control characters escaped: a corrupt name must not break an error
+    message's one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in raw.decode("utf-8", "replace"))
 
 
 def is_tflite(head: bytes) -> bool:
@@ -70,13 +86,10 @@ class _NoOptions:
 class _Importer(OperatorRules):
     def __init__(self, buf: bytes, where: str, name: str):
         self.buf, self.where = buf, where
-        try:
-            self.model = tflite.Model.GetRootAsModel(buf, 0)
-            self.sg = self.model.Subgraphs(0)
-        except Exception as e:  # the flatbuffers runtime raises struct / index errors on junk
-            raise ModelFormatError(f"{where}: not a readable TFLite model ({type(e).__name__}); the flatbuffer "
-                                   f"may be truncated or corrupt") from None
-        if self.sg is None or self.sg.OperatorsLength() == 0:
+        verify_model(buf, where)  # the generated accessors below check no offset themselves
+        self.model = tflite.Model.GetRootAsModel(buf, 0)
+        self.sg = self.model.Subgraphs(0)
+        if self.sg.OperatorsLength() == 0:
             raise ModelFormatError(f"{where}: the TFLite model has no operators; the file may be truncated")
         self.graph = Graph(name)
         self.infos: dict[str, TensorInfo] = {}
@@ -96,7 +109,7 @@ class _Importer(OperatorRules):
 
     def tname(self, i: int) -> str:
         raw = self.tensor(i).Name()
-        return raw.decode("utf-8", "replace") if raw else f"tensor_{i}"
+        return _text(raw) if raw else f"tensor_{i}"
 
     def dtype(self, i: int) -> str:
         code = self.tensor(i).Type()
@@ -125,7 +138,12 @@ class _Importer(OperatorRules):
         raw = self.buf[b.Offset():b.Offset() + b.Size()] if b.Offset() > 1 else b.DataAsNumpy().tobytes()
         if t.Sparsity() is not None:
             self.refuse(f"has the sparse tensor '{self.tname(i)}'")
-        return np.frombuffer(raw, self.dtype(i)).reshape(self.file_shape(i)).copy()
+        dtype, shape = np.dtype(self.dtype(i)), self.file_shape(i)
+        need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if len(raw) != need:
+            raise ModelFormatError(f"{self.where}: tensor {i} ('{self.tname(i)}', {dtype.name} {list(shape)}) needs "
+                                   f"{need} bytes of data, but its buffer has {len(raw)}; the file may be corrupt")
+        return np.frombuffer(raw, dtype).reshape(shape).copy()
 
     def const(self, i: int, what: str) -> np.ndarray:
         data = self.data(i)
@@ -140,6 +158,11 @@ class _Importer(OperatorRules):
             return None
         scale = q.ScaleAsNumpy().astype(np.float32)
         zp = q.ZeroPointAsNumpy() if q.ZeroPointLength() else np.zeros(scale.shape, np.int64)
+        # (lengths and axis: verify_model); the values must be usable as they are
+        if not np.all(np.isfinite(scale) & (scale > 0)) or np.any((zp < -2**31) | (zp >= 2**31)):
+            raise ModelFormatError(f"{self.where}: tensor {i} ('{self.tname(i)}') has the quantization scale(s) "
+                                   f"{scale[:4].tolist()} and zero point(s) {zp[:4].tolist()}; scales must be "
+                                   f"positive and finite, zero points int32")
         if scale.size == 1:
             return QParams(dtype, scale[0], np.asarray(zp).reshape(-1)[0])
         return QParams(dtype, scale, np.asarray(zp), q.QuantizedDimension())
@@ -265,6 +288,8 @@ class _Importer(OperatorRules):
                          quant=quant, suffix="reshape").outputs[0]
 
     def axis(self, axis: int, rank: int) -> int:
+        if not -max(rank, 1) <= axis < max(rank, 1):
+            self.bad(f"the axis {axis} for a rank-{rank} tensor")
         axis = axis % rank if rank else 0
         return IR_AXIS[axis] if rank == 4 else axis
 
@@ -282,13 +307,14 @@ class _Importer(OperatorRules):
         code = max(code_table.BuiltinCode(), code_table.DeprecatedBuiltinCode())
         if code == BuiltinOperator.CUSTOM:
             custom = code_table.CustomCode()
-            return f"the custom op '{custom.decode('utf-8', 'replace') if custom else '?'}'"
+            return f"the custom op '{_text(custom) if custom else '?'}'"
         return _OP_NAMES.get(code, f"builtin {code}")
 
     def options(self, op, cls: str | None):
         table = op.BuiltinOptions()
         if cls is None or table is None:
             return _NoOptions()
+        verify_options(table, cls, self.where, self.at)
         opt = getattr(tflite, cls)()
         opt.Init(table.Bytes, table.Pos)
         return opt
@@ -352,6 +378,10 @@ class _Importer(OperatorRules):
                 self.refuse(f"has {len(outs)} outputs; npuforge imports single-output operators")
             while ins and ins[-1] < 0:
                 ins.pop()  # omitted optional inputs (a bias)
+            if len(ins) < self.ARITY.get(handler[0], 1):
+                self.bad(f"{len(ins)} input(s); {name} takes at least {self.ARITY.get(handler[0], 1)}")
+            if min(ins) < 0:  # an optional input npuforge reads is always the last
+                self.bad(f"the inputs {ins}, omitting one before the last")
             self.base, self.node_base = self.tname(outs[0]), f"{name.lower()}_{index}"
             try:
                 getattr(self, handler[0])(ins, outs[0], self.options(self.sg.Operators(index), handler[1]),
@@ -421,4 +451,19 @@ def import_tflite(path_or_bytes, name: str | None = None) -> Graph:
         buf, where, stem = bytes(path_or_bytes), name or "<tflite model>", name or "tflite"
     if not is_tflite(buf[:8]):
         raise ModelFormatError(f"{where}: not a TFLite flatbuffer (no 'TFL3' identifier at bytes 4..8)")
-    return _Importer(buf, where, name or stem).run()
+    try:
+        return _Importer(buf, where, name or stem).run()
+    except (struct.error, ValueError, TypeError, IndexError) as e:
+        # tflite_verify checks what the importer reads; should a read it missed still fail inside the
+        # flatbuffers runtime, it is the file's fault, not npuforge's
+        if not _raised_by_flatbuffers(e):
+            raise
+        raise ModelFormatError(f"{where}: corrupt or truncated TFLite file ({type(e).__name__}: {e})") from None
+
+
+def _raised_by_flatbuffers(e: BaseException) -> bool:
+    frames = traceback.extract_tb(e.__traceback__)
+    return bool(frames) and Path(frames[-1].filename).parent in _FLATBUFFER_CODE
+
+
+_FLATBUFFER_CODE = {Path(flatbuffers.__file__).parent, Path(tflite.__file__).parent}

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 from tflite.ActivationFunctionType import ActivationFunctionType as Act
+from tflite.Padding import Padding
 
+from ..errors import ModelFormatError
 from ..quant.tflite_tables import activation_range
 from ..quant.config import QuantConfig
 from ..quant.params import QParams
@@ -26,6 +28,7 @@ IR_AXIS = (0, 2, 3, 1)  # NHWC axis k is NCHW axis IR_AXIS[k]
 _FUSED = {Act.RELU: ("Relu", [], "Relu"), Act.RELU6: ("Clip", [0.0, 6.0], "Relu6"),
           Act.RELU_N1_TO_1: ("Clip", [-1.0, 1.0], "ReluN1To1")}
 TFLITE_CONFIG = dict(activation_dtype="int8", tflite_multipliers=True)
+_ACTIVATIONS = {v for k, v in vars(Act).items() if not k.startswith("_")}  # the schema's enum
 
 
 def ir_shape(shape) -> tuple:
@@ -38,9 +41,32 @@ def orders_differ(nhwc) -> bool:
 
 
 class OperatorRules:
+    # -- the file's attribute values (a corrupt file can hold any) ------------------------------
+    def bad(self, what: str):
+        raise ModelFormatError(f"{self.where}: {self.at} has {what}; the file may be corrupt")
+
+    def at_least_1(self, name: str, values: list) -> list:
+        if any(v < 1 for v in values):
+            self.bad(f"{name} {values} (each must be at least 1)")
+        return values
+
+    def padding(self, code: int) -> int:
+        if code not in (Padding.SAME, Padding.VALID):
+            self.bad(f"the padding code {code} (SAME is {Padding.SAME}, VALID {Padding.VALID})")
+        return code
+
+    def weights(self, i: int, rank: int, what: str) -> np.ndarray:
+        """A constant weight tensor of this rank, no dimension 0 (its dims divide others)."""
+        w = self.const(i, what)
+        if w.ndim != rank or 0 in w.shape:
+            self.bad(f"{what} of shape {list(w.shape)}; they must be {rank}-D and not empty")
+        return w
+
     # -- activations -----------------------------------------------------------------------
     def fused_form(self, code: int) -> tuple:
         """(IR op / Conv activation, its params, TFLite's range kind) of a fused activation."""
+        if code not in _ACTIVATIONS:
+            self.bad(f"the fused activation code {code}, which TFLite does not define")
         if code not in _FUSED:
             self.refuse(f"has the fused activation {code} (TANH or SIGN_BIT), which npuforge does not import")
         return _FUSED[code]
@@ -110,17 +136,20 @@ class OperatorRules:
     # -- operators ------------------------------------------------------------------------
     def conv(self, ins, o, opt, depthwise: bool):
         x, w_i = ins[0], ins[1]
-        w = self.const(w_i, "weights")
+        w = self.weights(w_i, 4, "weights")
+        if len(self.file_shape(x)) != 4:
+            self.bad(f"an input of shape {list(self.file_shape(x))}; it must be 4-D (NHWC)")
         cin = self.file_shape(x)[3]
         if depthwise:  # [1, KH, KW, C * M] -> [C * M, 1, KH, KW]
             weight, group, w_axis = w.transpose(3, 0, 1, 2), cin, 3
         else:  # OHWI -> OIHW (I < C: a grouped convolution)
             weight, group, w_axis = w.transpose(0, 3, 1, 2), cin // w.shape[3], 0
         kernel = [w.shape[1], w.shape[2]]
-        strides = [opt.StrideH(), opt.StrideW()]
-        dilations = [opt.DilationHFactor() or 1, opt.DilationWFactor() or 1]
+        strides = self.at_least_1("strides", [opt.StrideH(), opt.StrideW()])
+        # 0 reads as 1 (the schema's default) for files that write the field as 0
+        dilations = self.at_least_1("dilations", [opt.DilationHFactor() or 1, opt.DilationWFactor() or 1])
         attrs = {"kernel_shape": kernel, "strides": strides, "dilations": dilations, "group": group,
-                 "pads": self.pads(opt.Padding(), x, kernel, strides, dilations)}
+                 "pads": self.pads(self.padding(opt.Padding()), x, kernel, strides, dilations)}
         self.compute(o, x, "Conv", [self.value(x)], attrs, opt.FusedActivationFunction(), weight, w_i,
                      ins[2] if len(ins) > 2 else -1, w_axis)
 
@@ -128,8 +157,11 @@ class OperatorRules:
         x, w_i = ins[0], ins[1]
         if opt.WeightsFormat() != 0:
             self.refuse("has shuffled weights, which npuforge does not import")
-        w = self.const(w_i, "weights")  # [units, depth]
+        w = self.weights(w_i, 2, "weights")  # [units, depth]
         src, shape = self.value(x), self.file_shape(x)
+        if int(np.prod(shape)) % w.shape[1]:
+            self.bad(f"an input of shape {list(shape)}, not a whole number of rows of the weights' depth "
+                     f"{w.shape[1]}")
         rows = int(np.prod(shape)) // w.shape[1]
         if shape != (rows, w.shape[1]):  # TFLite flattens the input to [-1, depth], in its element order
             src = self.reshape(src, shape, (rows, w.shape[1]), self.graph.values[src].quant)
@@ -143,9 +175,12 @@ class OperatorRules:
         self.with_activation(opt.FusedActivationFunction(), o, op, [self.value(i, rank) for i in ins])
 
     def pool(self, ins, o, opt, op):
-        kernel, strides = [opt.FilterHeight(), opt.FilterWidth()], [opt.StrideH(), opt.StrideW()]
+        kernel = self.at_least_1("a filter size", [opt.FilterHeight(), opt.FilterWidth()])
+        strides = self.at_least_1("strides", [opt.StrideH(), opt.StrideW()])
+        if len(self.file_shape(ins[0])) != 4:
+            self.bad(f"an input of shape {list(self.file_shape(ins[0]))}; it must be 4-D (NHWC)")
         attrs = {"kernel_shape": kernel, "strides": strides, "dilations": [1, 1],
-                 "pads": self.pads(opt.Padding(), ins[0], kernel, strides, [1, 1])}
+                 "pads": self.pads(self.padding(opt.Padding()), ins[0], kernel, strides, [1, 1])}
         self.with_activation(opt.FusedActivationFunction(), o, op, [self.value(ins[0])], attrs)
 
     def concatenation(self, ins, o, opt):
@@ -171,7 +206,10 @@ class OperatorRules:
 
     def pad(self, ins, o, opt):
         x = ins[0]
-        table = self.const(ins[1], "paddings").reshape(-1, 2).astype(np.int64)
+        table = self.const(ins[1], "paddings").astype(np.int64)
+        rank = len(self.file_shape(x))
+        if table.shape != (rank, 2) or np.any(table < 0):
+            self.bad(f"the paddings {table.tolist()} for a rank-{rank} input (a [{rank}, 2] table of sizes >= 0)")
         if len(table) == 4:
             table = table[list(TO_IR)]
         inputs = [self.value(x), self.int64s(f"{self.base}::pads", np.concatenate([table[:, 0], table[:, 1]]))]
@@ -189,12 +227,16 @@ class OperatorRules:
 
     def transpose_op(self, ins, o, opt):
         perm = [int(p) for p in self.const(ins[1], "permutations").reshape(-1)]
+        if sorted(perm) != list(range(len(self.file_shape(ins[0])))):
+            self.bad(f"the permutation {perm} for a rank-{len(self.file_shape(ins[0]))} input")
         if len(perm) == 4:  # in IR terms: to NHWC, the file's perm, back to NCHW
             perm = [TO_FILE[perm[TO_IR[m]]] for m in range(4)]
         self.bind(o, self.transpose(self.value(ins[0]), perm, self.fresh(self.tname(o))))
 
     def softmax(self, ins, o, opt):
         x = self.value(ins[0])
+        if not np.isfinite(opt.Beta()):
+            self.bad(f"beta {opt.Beta()}")
         if abs(opt.Beta() - 1.0) > 1e-12:
             if self.quantized:
                 self.refuse(f"has beta {opt.Beta()}; npuforge imports int8 SOFTMAX with beta 1 only")
@@ -220,9 +262,13 @@ class OperatorRules:
         coords = "align_corners" if align else "half_pixel" if half else "asymmetric"
         # TF's nearest: floor((x + 0.5 * half) * in / out), or round half up with align_corners
         nearest = "round_prefer_ceil" if align or half else "floor"
+        if len(self.file_shape(ins[0])) != 4:
+            self.bad(f"an input of shape {list(self.file_shape(ins[0]))}; it must be 4-D (NHWC)")
         x = self.value(ins[0])
         n, c = self.graph.values[x].shape[:2]
-        size = [int(s) for s in self.const(ins[1], "sizes").reshape(-1)]
+        size = self.at_least_1("the output size", [int(s) for s in self.const(ins[1], "sizes").reshape(-1)])
+        if len(size) != 2:
+            self.bad(f"the output size {size} (height and width)")
         self.with_activation(Act.NONE, o, "Resize", [x, "", "", self.int64s(f"{self.base}::sizes", [n, c, *size])],
                              {"mode": mode, "coordinate_transformation_mode": coords, "nearest_mode": nearest})
 
@@ -234,6 +280,10 @@ class OperatorRules:
         p = self.qparams(ins[0], self.dtype(ins[0]))
         self.folded[o] = (p.dequantize(data) if p is not None and data.dtype.kind in "iu"
                           else data.astype(np.float32))
+
+    # the inputs each rule reads whatever the file says (the others are optional: a bias, PADV2's value)
+    ARITY = {"conv": 2, "fully_connected": 2, "elementwise": 2, "mean": 2, "pad": 2, "transpose_op": 2,
+             "prelu": 2, "resize": 2}  # the rest: 1
 
     # builtin -> (method, options table, extra arguments)
     HANDLERS = {
