@@ -55,7 +55,8 @@ def work(tmp_path_factory):
     pooled = b.node("Flatten", [b.node("GlobalAveragePool", [x])], axis=1)
     wt = rng.normal(0, 0.3, (5, 15)).astype(np.float32)
     logits = b.node("Gemm", [pooled, b.const(wt), b.const(np.zeros(5, np.float32))], transB=1)
-    graph = import_onnx(b.model([up, logits], "fuzz"))
+    probs = b.node("Softmax", [b.node("Transpose", [x], perm=[0, 1, 3, 2])], axis=3)  # node commands (host CPU)
+    graph = import_onnx(b.model([up, logits, probs], "fuzz"))
     graph = npuforge.quantize(graph, [rng.normal(0, 1, (1, 3, 16, 16)).astype(np.float32) for _ in range(3)], {})
     graph.metadata["preprocess"] = PREPROCESS
     target = load_target("npu256")
@@ -63,7 +64,7 @@ def work(tmp_path_factory):
     program = compile_graph(graph, target, sram=whole.peak - 1, tolerance=10.0)  # cascades: rolling buffers
     kinds = {op.kind for op in program.lowered.ops}
     assert kinds >= {"conv", "depthwise", "fully_connected", "add", "mul", "avgpool", "global_avgpool", "maxpool",
-                     "lut", "concat", "resize_bilinear"}, kinds
+                     "lut", "concat", "resize_bilinear", "cpu"}, kinds
     assert program.stats["cascades"]
     folder = tmp_path_factory.mktemp("fuzznpub")
     (folder / "good.npub").write_bytes(program.data)
@@ -305,8 +306,8 @@ def test_field_checks_name_the_file_section_record_and_field(work):
                                                               _fields(COMMAND.format)[field][0], value)
     cases = {
         "no IO section": (variant("", lambda s: s.pop(idx[SECTIONS.index("IO")])), "no IO section"),
-        "width 2^31": (variant("TENSORS", set_field(TENSOR, 0, 2, 2**31)), "TENSORS record 0"),
-        "zero height": (variant("TENSORS", set_field(TENSOR, 1, 1, 0)), "height 0"),
+        "width 2^31": (variant("TENSORS", set_field(TENSOR, 0, 3, 2**31)), "TENSORS record 0"),
+        "zero height": (variant("TENSORS", set_field(TENSOR, 1, 2, 0)), "height 0"),
         "flipped IO dims": (variant("IO", lambda b: b.__setitem__(slice(12, 20), b[16:20] + b[12:16])),
                             "IO input 0"),  # C and H
         "unknown opcode": (variant("COMMANDS", cmd0(0, 200)), "opcode 200 is unknown"),

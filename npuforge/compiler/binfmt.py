@@ -40,7 +40,10 @@ MAGIC = b"NPUB"
 VERSION = (2, 0)
 HEADER = struct.Struct("<4sHHIIII8x")  # magic, major, minor, sections, file size, crc of the rest, flags
 SECTION = struct.Struct("<IIII")  # kind, offset, size, crc32
-TENSOR = struct.Struct("<BxxxIIIIIfiI")  # dtype, h, w, c, offset, ring rows, scale, zero point, name index
+# dtype, memory (0 SRAM, 1 DRAM: a tensor spilled), h, w, c, offset in its memory, ring rows, scale, zero point,
+# name index
+TENSOR = struct.Struct("<BBxxIIIIIfiI")
+MEMORIES = ("SRAM", "DRAM")
 # a command's head: opcode, input count, reserved, op index, first row, rows, params (offset, length),
 # weights (offset, length, decoded count), codec, output tensor, its SRAM offset; INPUT per input follows
 COMMAND = struct.Struct("<BBH" + "I" * 8 + "BxxxHxxI")
@@ -83,6 +86,7 @@ class TensorRecord:
     ring_rows: int
     scale: float
     zero_point: int
+    memory: int = 0  # 0 SRAM, 1 DRAM (MEMORIES)
 
     @property
     def itemsize(self) -> int:
@@ -118,6 +122,7 @@ class ProgramImage:
     meta: dict = field(default_factory=dict)
     blocks: dict = field(default_factory=dict)  # (offset, length) in PARAMS -> decoded parameter block
     arena: int = 0  # bytes of SRAM the program addresses
+    dram_arena: int = 0  # bytes of DRAM its spilled tensors take
     nodes: dict = field(default_factory=dict)  # a node command's 'node' bytes -> its one-node IR graph
 
 
@@ -165,8 +170,8 @@ def write_program(tensors: list[TensorRecord], commands: list[CommandRecord], in
     if len(tensors) > MAX_TENSORS:
         raise UnsupportedError(f"{len(tensors)} tensors; an .npub program holds at most {MAX_TENSORS}")
     names = b"\0".join(t.name.encode() for t in tensors)
-    tensor_bytes = b"".join(TENSOR.pack(DTYPES.index(t.dtype), t.h, t.w, t.c, t.offset, t.ring_rows, t.scale,
-                                        t.zero_point, k) for k, t in enumerate(tensors))
+    tensor_bytes = b"".join(TENSOR.pack(DTYPES.index(t.dtype), t.memory, t.h, t.w, t.c, t.offset, t.ring_rows,
+                                        t.scale, t.zero_point, k) for k, t in enumerate(tensors))
     cmd_bytes = bytearray()
     for c in commands:
         if len(c.inputs) > MAX_INPUTS:
@@ -255,14 +260,16 @@ def _parse(blobs: dict, version, where: str) -> ProgramImage:
     except UnicodeDecodeError as e:
         raise ModelFormatError(f"{where}: STRINGS: not UTF-8 text ({e.reason} at byte {e.start})") from None
     tensors = []
-    for k, (dtype, h, w, c, off, ring, scale, zp, name) in enumerate(_records(blobs["TENSORS"], TENSOR, "TENSORS",
-                                                                                  where)):
+    for k, (dtype, memory, h, w, c, off, ring, scale, zp, name) in enumerate(_records(blobs["TENSORS"], TENSOR,
+                                                                                          "TENSORS", where)):
+        if memory >= len(MEMORIES):
+            raise ModelFormatError(f"{where}: TENSORS record {k}: memory {memory} is unknown (0 SRAM, 1 DRAM)")
         if dtype >= len(DTYPES):
             raise ModelFormatError(f"{where}: TENSORS record {k}: dtype {dtype} is unknown (0..{len(DTYPES) - 1}: "
                                    f"{', '.join(DTYPES)})")
         if name >= len(names):
             raise ModelFormatError(f"{where}: TENSORS record {k}: name index {name}; STRINGS holds {len(names)} names")
-        tensors.append(TensorRecord(names[name], DTYPES[dtype], h, w, c, off, ring, scale, zp))
+        tensors.append(TensorRecord(names[name], DTYPES[dtype], h, w, c, off, ring, scale, zp, memory))
     if len(tensors) > MAX_TENSORS:
         raise ModelFormatError(f"{where}: TENSORS: {len(tensors)} records; tensor references reach {MAX_TENSORS}")
     commands = _commands(blobs, tensors, where)

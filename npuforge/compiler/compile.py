@@ -59,6 +59,29 @@ def _pack(lowered, target):
     return bytes(weights), bytes(params), wblocks, pblocks, payload, raw, padded
 
 
+def _fit(lowered, target, payload, budget: int):
+    """(tiler, segments, spilled tensor ids): the fewest-cycle schedule under the SRAM budget, with
+    tensors spilled to DRAM one at a time (the largest whole tensor the first op no schedule reaches
+    holds, reads or keeps alive) until one fits; a spilled tensor takes no SRAM and moves at DRAM's rate."""
+    spilled = []
+    while True:
+        tiler = Tiler(lowered, target, payload)
+        segments = tiler.best(budget)
+        if segments is not None:
+            return tiler, segments, spilled
+        i = tiler.stuck
+        op = lowered.ops[i]
+        around = [*op.inputs, op.output] + [t for t in range(len(lowered.tensors)) if t in tiler.last_use and
+                                              tiler.first[t] < i and tiler.last_use[t] > i]
+        candidates = [t for t in dict.fromkeys(around) if not lowered.tensors[t].dram]
+        if not candidates:  # everything it touches is in DRAM already: no SRAM can run it
+            raise NpuforgeError(f"node '{op.name}' does not fit {budget} bytes of SRAM even with its tensors in "
+                                f"DRAM; raise --sram or use a target with more SRAM")
+        t = max(candidates, key=lambda k: (lowered.tensors[k].nbytes, -k))
+        lowered.tensors[t].dram = True
+        spilled.append(t)
+
+
 def device_stats(lowered, commands) -> dict:
     """Where the work runs: the NPU's share of the MACs, and the IR ops left to the host CPU."""
     macs = {"npu": 0, "cpu": 0}
@@ -81,17 +104,8 @@ def compile_graph(graph, target, sram: int | None = None, tolerance: float = TOL
     order, order_bounds = schedule(lowered)
     reorder(lowered, order)
     wblob, pblob, wblocks, pblocks, payload, raw, padded = _pack(lowered, target)
-    tiler = Tiler(lowered, target, payload)
+    tiler, segments, spilled = _fit(lowered, target, payload, budget)
     untiled = tiler.untiled()
-    segments = tiler.best(budget)
-    if segments is None:
-        name, least = lowered.ops[tiler.stuck].name, tiler.least_peak(tiler.stuck)
-        if least <= budget:  # it fits alone, but nothing after it does from there
-            raise NpuforgeError(f"no schedule from node '{name}' on fits the budget of {budget} bytes of SRAM; "
-                                f"raise --sram or use a target with more SRAM")
-        raise NpuforgeError(f"node '{name}' needs {least} bytes of SRAM in the smallest schedule found for it "
-                            f"(cascades included); the budget is {budget} bytes ({least - budget} bytes over); "
-                            f"raise --sram or use a target with more SRAM")
     fewest = sum(s.cycles for s in segments)
     # the smallest peak among programs within `tolerance` of the fewest cycles (bisection on the budget)
     lo, hi = 0, max(s.peak for s in segments)
@@ -112,9 +126,12 @@ def compile_graph(graph, target, sram: int | None = None, tolerance: float = TOL
     whole_cmds, whole_bufs = buffers_of(tiler, untiled)
     program = Program(target, budget, lowered, segments, commands, buffers, plan, wblocks)
     offsets = {b.tensor: (b.offset, b.ring_rows) for b in buffers}
-    tensors = [TensorRecord(t.name, t.dtype, t.h, t.w, t.c, offsets[k][0], offsets[k][1], t.scale, t.zero_point)
-               if k in offsets else TensorRecord(t.name, t.dtype, t.h, t.w, t.c, 0, t.h, t.scale, t.zero_point)
-               for k, t in enumerate(lowered.tensors)]
+    dram = 0
+    for k in spilled:  # one after another in DRAM, each whole, aligned
+        offsets[k] = (dram, lowered.tensors[k].h)
+        dram = align(dram + lowered.tensors[k].nbytes, target.alignment)
+    tensors = [TensorRecord(t.name, t.dtype, t.h, t.w, t.c, *offsets.get(k, (0, t.h)), t.scale, t.zero_point,
+                            int(t.dram)) for k, t in enumerate(lowered.tensors)]
     records = []
     for c in commands:
         op = lowered.ops[c.op]
@@ -144,6 +161,8 @@ def compile_graph(graph, target, sram: int | None = None, tolerance: float = TOL
         "operations": len(lowered.ops),
         "commands": len(commands),
         **device_stats(lowered, commands),
+        "spilled_bytes": sum(lowered.tensors[k].nbytes for k in spilled),
+        "spilled_tensors": [lowered.tensors[k].name for k in spilled],
         "cascades": [{"first": lowered.ops[s.start].name, "last": lowered.ops[s.stop - 1].name,
                       "operations": s.stop - s.start, "stripe_rows": s.stripe} for s in segments if s.stop - s.start > 1],
     }

@@ -128,6 +128,9 @@ def decode_node(blob: bytes, where: str) -> Graph:
         raise ModelFormatError(f"{where}: the CPU command's node cannot be read ({type(e).__name__})") from None
     if len(graph.nodes) != 1:
         raise ModelFormatError(f"{where}: a CPU command holds {len(graph.nodes)} nodes, not one")
+    problems = graph.problems()  # the IR checker: references, shapes, the integers the node stores
+    if problems:
+        raise ModelFormatError(f"{where}: its node is not sound ({problems[0]})")
     return graph
 
 

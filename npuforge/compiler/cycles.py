@@ -44,7 +44,9 @@ def node_cost(op, tensors, target, dram_payload: int) -> CommandCost:
     """A node command (whole tensors): on the host CPU at the target's CPU rates plus the hand-over,
     or on the NPU (a matrix product on the MAC array, the other classes at the elementwise rate)."""
     elements = sum(tensors[t].h * tensors[t].w * tensors[t].c for t in [*op.inputs, op.output])
-    sram = sum(tensors[t].h * tensors[t].row_bytes for t in [*op.inputs, op.output])
+    moved = [(tensors[t].h * tensors[t].row_bytes, tensors[t].dram) for t in [*op.inputs, op.output]]
+    sram = sum(n for n, dram in moved if not dram)
+    dram_payload += sum(n for n, dram in moved if dram)  # a spilled tensor moves at DRAM's rate
     if op.kind == "cpu":
         compute = math.ceil(op.macs * target.cpu_cycles_per_mac + elements * target.cpu_cycles_per_element)
         return CommandCost(op.macs, compute, sram, dram_payload, compute + target.cpu_command_cycles)
@@ -88,11 +90,13 @@ def command_cost(op, row0: int, rows: int, tensors, target, dram_payload: int) -
             src = tensors[op.inputs[0]]
             elements = src.h * src.w * src.c
         compute = math.ceil(elements / target.elementwise_per_cycle)
-    sram = rows * out.row_bytes
+    moved = [(rows * out.row_bytes, out.dram)]
     for k, t in enumerate(op.inputs):
         src = tensors[t]
         lo, hi = needed_rows(op.kind, p, row0, row0 + rows, src.h, k)
-        sram += (min(hi, src.h) - max(lo, 0)) * src.row_bytes
+        moved.append(((min(hi, src.h) - max(lo, 0)) * src.row_bytes, src.dram))
+    sram = sum(n for n, dram in moved if not dram)
+    dram_payload += sum(n for n, dram in moved if dram)  # a spilled tensor's rows move at DRAM's rate
     burst = target.dram_burst_bytes
     dram = math.ceil(dram_payload / burst) * burst
     transfer_sram = math.ceil(sram / target.sram_bytes_per_cycle)

@@ -57,6 +57,7 @@ class Tensor:
     scale: float
     zero_point: int
     nchw: tuple = ()  # the IR shape (batch 1), for the program's input / output descriptors
+    dram: bool = False  # spilled: lives in DRAM, read and written at DRAM's rate (compile.py decides)
 
     @property
     def itemsize(self) -> int:

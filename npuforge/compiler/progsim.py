@@ -1,7 +1,7 @@
 """The program simulator: runs an ``.npub`` binary and nothing else.
 
-SRAM is one byte array the size of the program's arena; the weight and parameter
-sections stand for DRAM. Each command reads its input rows from SRAM at the offsets it
+SRAM is one byte array the size of the program's arena, DRAM another for the tensors the
+compiler spilled (the weight and parameter sections stand for the rest of DRAM). Each command reads its input rows from SRAM at the offsets it
 names (a rolling buffer holds row r in slot r mod its rows), computes its stripe with the
 NPU kernels (npuforge/compiler/kernels.py) from its parameter block and decoded weights,
 and writes its output rows back. The simulator tracks which row every slot of every buffer
@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import ModelFormatError, NpuforgeError, ShapeError
 from . import kernels
-from .binfmt import NODE_OPCODES, QRANGE, ProgramImage, read_program
+from .binfmt import MEMORIES, NODE_OPCODES, QRANGE, ProgramImage, read_program
 from .weights import decode
 
 NP_DTYPES = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16, "float32": np.float32, "int32": np.int32,
@@ -70,36 +70,37 @@ class ProgramSimulator:
         return self._weights[key]
 
     # -- memory ---------------------------------------------------------------------------------
-    def _view(self, sram, t: int, off: int) -> np.ndarray:
+    def _view(self, mem, t: int, off: int) -> np.ndarray:
         rec = self.img.tensors[t]
-        raw = sram[off: off + rec.ring_rows * rec.row_bytes]
+        raw = mem[rec.memory][off: off + rec.ring_rows * rec.row_bytes]
         return raw.view(NP_DTYPES[rec.dtype]).reshape(rec.ring_rows, rec.w, rec.c)
 
-    def _read(self, sram, tags, k: int, t: int, off: int, lo: int, hi: int, fill: int) -> np.ndarray:
+    def _read(self, mem, tags, k: int, t: int, off: int, lo: int, hi: int, fill: int) -> np.ndarray:
         rec = self.img.tensors[t]
-        buf = self._view(sram, t, off)
+        buf = self._view(mem, t, off)
         out = np.full((hi - lo, rec.w, rec.c), fill, np.float32 if rec.dtype == "float32" else np.int64)
         rows = np.arange(max(lo, 0), min(hi, rec.h))
         if not rows.size:  # the stripe reads padding only
             return out
-        held = tags.get(off)
+        held = tags.get((rec.memory, off))
         slots = rows % rec.ring_rows
         if held is None or held[1] != t or (held[0][slots] != rows).any():
             bad = rows[0] if held is None or held[1] != t else rows[held[0][slots] != rows][0]
             raise NpuforgeError(f"program fault: command {k} reads row {bad} of '{rec.name}', which its "
-                                f"buffer at SRAM offset {off} does not hold")
+                                f"buffer at {MEMORIES[rec.memory]} offset {off} does not hold")
         out[rows - lo] = buf[slots]
         return out
 
-    def _write(self, sram, tags, t: int, off: int, row0: int, data: np.ndarray) -> None:
+    def _write(self, mem, tags, t: int, off: int, row0: int, data: np.ndarray) -> None:
         rec = self.img.tensors[t]
-        buf = self._view(sram, t, off)
+        buf = self._view(mem, t, off)
         end = off + rec.ring_rows * rec.row_bytes
+        key = (rec.memory, off)
         # a write ends what any other buffer held in these bytes
-        for other in [o for o in tags if o != off and o < end and o + tags[o][2] > off]:
+        for other in [k for k in tags if k[0] == rec.memory and k != key and k[1] < end and k[1] + tags[k][2] > off]:
             del tags[other]
-        if off not in tags or tags[off][1] != t:
-            tags[off] = (np.full(rec.ring_rows, -1, np.int64), t, rec.ring_rows * rec.row_bytes)
+        if key not in tags or tags[key][1] != t:
+            tags[key] = (np.full(rec.ring_rows, -1, np.int64), t, rec.ring_rows * rec.row_bytes)
         rows = np.arange(row0, row0 + len(data))
         if len(data) > rec.ring_rows:
             raise NpuforgeError(f"program fault: {len(data)} rows written to a {rec.ring_rows}-row buffer of "
@@ -107,13 +108,13 @@ class ProgramSimulator:
         if rec.dtype in QRANGE:  # codes saturate; a float or an index is stored as it is
             data = np.clip(data, *QRANGE[rec.dtype])
         buf[rows % rec.ring_rows] = data.astype(NP_DTYPES[rec.dtype])
-        tags[off][0][rows % rec.ring_rows] = rows
+        tags[key][0][rows % rec.ring_rows] = rows
 
     # -- run ------------------------------------------------------------------------------------
     def run(self, feeds: dict) -> dict:
         img = self.img
-        sram = np.zeros(self.arena, np.uint8)
-        tags: dict = {}  # buffer offset -> (row held per slot, tensor, bytes)
+        mem = {0: np.zeros(self.arena, np.uint8), 1: np.zeros(img.dram_arena, np.uint8)}  # by tensor memory
+        tags: dict = {}  # (memory, buffer offset) -> (row held per slot, tensor, bytes)
         for t, shape in img.inputs:
             rec = img.tensors[t]
             if rec.name not in feeds:
@@ -130,34 +131,34 @@ class ProgramSimulator:
             # 4-D: NCHW to channel-last; any other rank is stored in its own element order
             hwc = x.reshape(rec.c, rec.h, rec.w).transpose(1, 2, 0) if len(shape) == 4 else \
                 x.reshape(rec.h, rec.w, rec.c)
-            self._write(sram, tags, t, rec.offset, 0, hwc.astype(NP_DTYPES[rec.dtype] if rec.dtype not in QRANGE
+            self._write(mem, tags, t, rec.offset, 0, hwc.astype(NP_DTYPES[rec.dtype] if rec.dtype not in QRANGE
                                                                     else np.int64))
         for k, c in enumerate(img.commands):
-            self._command(sram, tags, k, c)
+            self._command(mem, tags, k, c)
         result = {}
         for t, shape in img.outputs:
             rec = img.tensors[t]
-            hwc = self._read(sram, tags, len(img.commands), t, rec.offset, 0, rec.h, 0)
+            hwc = self._read(mem, tags, len(img.commands), t, rec.offset, 0, rec.h, 0)
             arr = hwc.transpose(2, 0, 1) if len(shape) == 4 else hwc
             result[rec.name] = arr.reshape(shape).astype(NP_DTYPES[rec.dtype])
         return result
 
-    def _node_command(self, sram, tags, k: int, c, p: dict) -> None:
+    def _node_command(self, mem, tags, k: int, c, p: dict) -> None:
         """A node command: its node run on whole tensors by the integer simulator's kernel (cpu.py)."""
         key = p["node"]
         if key not in self._kernels:
             from .cpu import CpuKernel
 
             self._kernels[key] = CpuKernel(self.img.nodes[key])
-        ins = [self._read(sram, tags, k, t, off, 0, self.img.tensors[t].h, 0) for t, off in c.inputs]
+        ins = [self._read(mem, tags, k, t, off, 0, self.img.tensors[t].h, 0) for t, off in c.inputs]
         ins = [x.astype(NP_DTYPES[self.img.tensors[t].dtype]) for x, (t, _) in zip(ins, c.inputs)]
         y = self._kernels[key].run_stored(ins, p["output_index"])
-        self._write(sram, tags, c.output[0], c.output[1], 0, y)
+        self._write(mem, tags, c.output[0], c.output[1], 0, y)
 
-    def _command(self, sram, tags, k: int, c) -> None:
+    def _command(self, mem, tags, k: int, c) -> None:
         p = self.params(c)
         if c.kind in NODE_OPCODES:
-            return self._node_command(sram, tags, k, c, p)
+            return self._node_command(mem, tags, k, c, p)
         w = self.weights(c, p)
         out_t, out_off = c.output
         out = self.img.tensors[out_t]
@@ -167,7 +168,7 @@ class ProgramSimulator:
             src = self.img.tensors[t]
             lo, hi = kernels.needed_rows(c.kind, p, a, b, src.h, j)
             fill = kernels.PAD_MAX if c.kind == "maxpool" else p.get("zp_in", 0)
-            ins.append((self._read(sram, tags, k, t, off, lo, hi, fill), lo))
+            ins.append((self._read(mem, tags, k, t, off, lo, hi, fill), lo))
         x, lo = ins[0]
         kind = c.kind
         if kind == "conv":
@@ -194,7 +195,7 @@ class ProgramSimulator:
             raise ModelFormatError(f"command {k}: unknown operation {kind}")
         if y.shape != (c.rows, out.w, out.c):
             y = np.broadcast_to(y, (c.rows, out.w, out.c))
-        self._write(sram, tags, out_t, out_off, a, y)
+        self._write(mem, tags, out_t, out_off, a, y)
 
 
 def run_program(path_or_image, feeds: dict) -> dict:

@@ -70,7 +70,9 @@ def summary_lines(program) -> list[str]:
         f"{len(cascades)} cascade{'s' if len(cascades) != 1 else ''}{where}",
         f"  SRAM: peak {_kib(s['peak_sram'])} of a {_kib(s['sram_budget'])} budget (liveness bound of this "
         f"schedule {_kib(s['liveness_bound'])}; whole tensors would need {_kib(s['untiled_liveness_bound'])}, "
-        f"{_kib(s['no_reuse_bytes'])} without reuse)",
+        f"{_kib(s['no_reuse_bytes'])} without reuse)"
+        + (f"; {len(s['spilled_tensors'])} tensors ({_kib(s['spilled_bytes'])}) spilled to DRAM"
+           if s.get("spilled_tensors") else ""),
         f"  cycles: {s['cycles']:,} ({s['milliseconds']:.3f} ms at {program.target.clock_mhz:g} MHz; untiled "
         f"{s['untiled_cycles']:,}, {100 * (s['cycles'] / s['untiled_cycles'] - 1):+.1f} %), "
         f"{s['macs']:,} MACs, MAC utilization {s['macs'] / max(1, s['cycles'] * program.target.macs_per_cycle):.1%}",

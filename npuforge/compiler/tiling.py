@@ -75,7 +75,10 @@ class Tiler:
         self._crossing: dict = {}
 
     def size(self, t: int, rows: int | None = None) -> int:
+        """SRAM bytes of tensor t (``rows`` of a rolling buffer); a spilled tensor takes none."""
         tensor = self.tensors[t]
+        if tensor.dram:
+            return 0
         return align((tensor.h if rows is None else rows) * tensor.row_bytes, self.target.alignment)
 
     # -- one segment ----------------------------------------------------------------------------
@@ -98,7 +101,8 @@ class Tiler:
             op = self.ops[i]
             if op.kind not in ROW_LOCAL:
                 return False
-            if i < stop - 1 and (op.output in self.outputs or self.last_use[op.output] >= stop):
+            if i < stop - 1 and (op.output in self.outputs or self.last_use[op.output] >= stop or
+                                 self.tensors[op.output].dram):  # a rolling buffer lives in SRAM
                 return False
         return True
 
@@ -227,6 +231,8 @@ def buffers_of(tiler: Tiler, segments: list[Segment]) -> tuple[list[Command], li
             last[t] = max(last.get(t, k), k)
     buffers = []
     for t in sorted(first):
+        if tiler.tensors[t].dram:
+            continue  # placed in DRAM by the compiler, not in the SRAM plan
         rows = ring_rows.get(t, tiler.tensors[t].h)
         buffers.append(Buffer(t, tiler.size(t, rows), first[t], last[t], rows))
     return commands, buffers

@@ -21,11 +21,12 @@ from __future__ import annotations
 import math
 
 from ..errors import ModelFormatError
-from .binfmt import MAX_INPUTS, NODE_OPCODES, QRANGE, ProgramImage, decode_params
+from .binfmt import MAX_INPUTS, MEMORIES, NODE_OPCODES, QRANGE, ProgramImage, decode_params
 from .kernels import needed_rows
 from .weights import block_problem
 
-MAX_SRAM_BYTES = 64 << 20  # SRAM a program may address: NPUs have a few MiB
+MAX_SRAM_BYTES = 64 << 20  # SRAM a program may address: NPUs have a few MiB (and the most one tensor may take)
+MAX_DRAM_BYTES = 1 << 30  # DRAM its spilled tensors may take
 MAX_WORK = 1 << 26  # elements of the largest array one command builds (its stripe, im2col, padded rows)
 MAX_TAPS = 1 << 16  # kernel_h x kernel_w of a window
 
@@ -55,7 +56,8 @@ def validate(img: ProgramImage, where: str) -> None:
     sets ``img.arena`` and ``img.blocks`` (the decoded parameter blocks)."""
     for k, t in enumerate(img.tensors):
         _check(where, f"TENSORS record {k} ('{t.name}')", _tensor, t)
-    img.arena = max(t.offset + t.ring_rows * t.row_bytes for t in img.tensors) if img.tensors else 0
+    img.arena = max((t.offset + t.ring_rows * t.row_bytes for t in img.tensors if not t.memory), default=0)
+    img.dram_arena = max((t.offset + t.h * t.row_bytes for t in img.tensors if t.memory), default=0)
     for direction, items in (("input", img.inputs), ("output", img.outputs)):
         if not items:
             raise ModelFormatError(f"{where}: IO: the program declares no {direction}")
@@ -64,6 +66,10 @@ def validate(img: ProgramImage, where: str) -> None:
     for k, c in enumerate(img.commands):
         _check(where, f"COMMANDS command {k} ({c.kind})", _command, img, c)
     _check(where, "META", _meta, img)
+
+
+def _arena(img: ProgramImage, rec) -> int:
+    return img.dram_arena if rec.memory else img.arena
 
 
 def _check(where: str, record: str, fn, *args) -> None:
@@ -80,10 +86,13 @@ def _tensor(t) -> None:
             raise _Bad(f"{name} {v}; every dimension is at least 1")
     if not 1 <= t.ring_rows <= t.h:
         raise _Bad(f"rows held {t.ring_rows}; must be 1..{t.h} (its height)")
+    if t.memory and t.ring_rows != t.h:
+        raise _Bad(f"a rolling buffer ({t.ring_rows} of {t.h} rows) in DRAM; a spilled tensor is whole")
     size = t.h * t.row_bytes
-    if size > MAX_SRAM_BYTES or t.offset + t.ring_rows * t.row_bytes > MAX_SRAM_BYTES:
-        raise _Bad(f"{t.h} x {t.w} x {t.c} {t.dtype} ({size} bytes) at SRAM offset {t.offset}; a program addresses "
-                   f"at most {MAX_SRAM_BYTES} bytes")
+    limit = MAX_DRAM_BYTES if t.memory else MAX_SRAM_BYTES
+    if size > MAX_SRAM_BYTES or t.offset + t.ring_rows * t.row_bytes > limit:
+        raise _Bad(f"{t.h} x {t.w} x {t.c} {t.dtype} ({size} bytes) at {MEMORIES[t.memory]} offset {t.offset}; a "
+                   f"program addresses at most {limit} bytes there ({MAX_SRAM_BYTES} per tensor)")
     if not (math.isfinite(t.scale) and t.scale > 0):
         raise _Bad(f"scale {t.scale}; must be a positive number")
     lo, hi = QRANGE.get(t.dtype, (0, 0))  # a float or index tensor has no codes: zero point 0
@@ -112,6 +121,10 @@ def _command(img: ProgramImage, c) -> None:
     srcs = [img.tensors[t] for t, _ in c.inputs]
     if c.kind in NODE_OPCODES:
         return _node_command(img, c, out, srcs)
+    for role, rec in [("output", out)] + [(f"input {j}", s) for j, s in enumerate(srcs)]:
+        if rec.dtype not in QRANGE:
+            raise _Bad(f"{role} '{rec.name}' is {rec.dtype}; an NPU kernel reads and writes codes ("
+                       f"{', '.join(QRANGE)})")
     arity = (1, MAX_INPUTS) if c.kind == "concat" else (2, 2) if c.kind in ("add", "sub", "mul") else (1, 1)
     if not arity[0] <= len(srcs) <= arity[1]:
         raise _Bad(f"{len(srcs)} inputs; {c.kind} takes {arity[0] if arity[0] == arity[1] else f'1..{MAX_INPUTS}'}")
@@ -119,8 +132,9 @@ def _command(img: ProgramImage, c) -> None:
         raise _Bad(f"writes rows {c.row0}..{c.row0 + c.rows} of a {out.h}-row tensor")
     for role, (t, off) in [("output", c.output)] + [(f"input {j}", pair) for j, pair in enumerate(c.inputs)]:
         rec = img.tensors[t]
-        if off + rec.ring_rows * rec.row_bytes > img.arena:
-            raise _Bad(f"{role} at SRAM offset {off} ends past the program's {img.arena}-byte arena")
+        if off + rec.ring_rows * rec.row_bytes > _arena(img, rec):
+            raise _Bad(f"{role} at {MEMORIES[rec.memory]} offset {off} ends past the program's {_arena(img, rec)}-byte "
+                       f"arena")
     if c.params not in img.blocks:
         off, length = c.params
         try:
@@ -128,6 +142,8 @@ def _command(img: ProgramImage, c) -> None:
         except ModelFormatError as e:
             raise _Bad(str(e)) from None
     p = img.blocks[c.params]
+    if any(isinstance(v, bytes) for v in p.values()):
+        raise _Bad("a byte entry in the parameter block of a kernel operation (only node commands hold one)")
     _params(c.kind, p, srcs, out)
     _shapes(c.kind, p, srcs, out)
     _weights(img, c, p, srcs, out)
@@ -141,7 +157,7 @@ def _node_command(img: ProgramImage, c, out, srcs) -> None:
 
     for role, (t, off) in [("output", c.output)] + [(f"input {j}", pair) for j, pair in enumerate(c.inputs)]:
         rec = img.tensors[t]
-        if rec.ring_rows != rec.h or off + rec.h * rec.row_bytes > img.arena:
+        if rec.ring_rows != rec.h or off + rec.h * rec.row_bytes > _arena(img, rec):
             raise _Bad(f"{role}: a node command reads and writes whole tensors inside the arena")
     if c.row0 != 0 or c.rows != out.h:
         raise _Bad(f"writes rows {c.row0}..{c.row0 + c.rows}; a node command writes all {out.h}")
@@ -180,7 +196,8 @@ def _scalar(p: dict, name: str) -> int:
     if name not in p:
         raise _Bad(f"parameter block lacks '{name}'")
     if not isinstance(p[name], int):
-        raise _Bad(f"parameter '{name}' is an array of {p[name].size}; a scalar expected")
+        got = f"{len(p[name])} bytes" if isinstance(p[name], bytes) else f"an array of {p[name].size}"
+        raise _Bad(f"parameter '{name}' is {got}; a scalar expected")
     return p[name]
 
 
