@@ -131,3 +131,20 @@ def test_the_report_marks_each_command_and_says_why(quantized, tmp_path, capsys)
     x = tmp_path / "x.npy"
     np.save(x, _data(name, np.random.default_rng(2)))
     assert main(["run", str(tmp_path / "q.npub"), "--input", str(x)]) == 0
+
+
+def test_a_graph_output_behind_a_view_keeps_its_name():
+    """SqueezeNet's logits are a Flatten of a global pool: the program's output is named as the graph's."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
+    graph = npuforge.from_torch(module, torch.zeros(1, 3, 8, 8), dynamic_batch=False)
+    rng = np.random.default_rng(0)
+    q = npuforge.quantize(graph, [rng.normal(size=(1, 3, 8, 8)).astype(np.float32) for _ in range(2)],
+                          log=lambda m: None)
+    assert q.nodes[-1].op == "Flatten"
+    program = compile_graph(q, load_target("npu256"))
+    feeds = {q.inputs[0]: quantize_input(rng.normal(size=(1, 3, 8, 8)).astype(np.float32),
+                                         q.values[q.inputs[0]].quant)}
+    got = ProgramSimulator(read_program(program.data, "p")).run(feeds)
+    want = IntegerSimulator(q).run(feeds, dequantize=False)
+    assert list(got) == q.outputs and np.array_equal(got[q.outputs[0]], want[q.outputs[0]])

@@ -60,15 +60,14 @@ def _pack(lowered, target):
 
 
 def _fit(lowered, target, payload, budget: int):
-    """(tiler, segments, spilled tensor ids): the fewest-cycle schedule under the SRAM budget, with
+    """(tiler, segments): the fewest-cycle schedule under the SRAM budget, with
     tensors spilled to DRAM one at a time (the largest whole tensor the first op no schedule reaches
     holds, reads or keeps alive) until one fits; a spilled tensor takes no SRAM and moves at DRAM's rate."""
-    spilled = []
     while True:
         tiler = Tiler(lowered, target, payload)
         segments = tiler.best(budget)
         if segments is not None:
-            return tiler, segments, spilled
+            return tiler, segments
         i = tiler.stuck
         op = lowered.ops[i]
         around = [*op.inputs, op.output] + [t for t in range(len(lowered.tensors)) if t in tiler.last_use and
@@ -79,7 +78,23 @@ def _fit(lowered, target, payload, budget: int):
                                 f"DRAM; raise --sram or use a target with more SRAM")
         t = max(candidates, key=lambda k: (lowered.tensors[k].nbytes, -k))
         lowered.tensors[t].dram = True
-        spilled.append(t)
+
+
+def _smallest_peak(tiler, segments, tolerance: float, alignment: int):
+    """Among the programs within ``tolerance`` of the fewest cycles, the one with the smallest peak
+    (bisection on the budget)."""
+    fewest = sum(s.cycles for s in segments)
+    lo, hi = 0, max(s.peak for s in segments)
+    for _ in range(12 if tolerance > 0 else 0):
+        if hi - lo <= alignment * 64:
+            break
+        mid = (lo + hi) // 2
+        trial = tiler.best(mid)
+        if trial is not None and sum(s.cycles for s in trial) <= fewest * (1 + tolerance):
+            segments, hi = trial, max(s.peak for s in trial)
+        else:
+            lo = mid
+    return segments
 
 
 def device_stats(lowered, commands) -> dict:
@@ -104,25 +119,19 @@ def compile_graph(graph, target, sram: int | None = None, tolerance: float = TOL
     order, order_bounds = schedule(lowered)
     reorder(lowered, order)
     wblob, pblob, wblocks, pblocks, payload, raw, padded = _pack(lowered, target)
-    tiler, segments, spilled = _fit(lowered, target, payload, budget)
-    untiled = tiler.untiled()
-    fewest = sum(s.cycles for s in segments)
-    # the smallest peak among programs within `tolerance` of the fewest cycles (bisection on the budget)
-    lo, hi = 0, max(s.peak for s in segments)
-    for _ in range(12 if tolerance > 0 else 0):
-        if hi - lo <= target.alignment * 64:
+    # a schedule's liveness bound may fit where no placement of its buffers does (fragmentation):
+    # then schedule again under a budget lowered by the overshoot, spilling more where needed
+    schedule_budget = budget
+    while True:
+        tiler, segments = _fit(lowered, target, payload, schedule_budget)
+        segments = _smallest_peak(tiler, segments, tolerance, target.alignment)
+        commands, buffers = buffers_of(tiler, segments)
+        plan = plan_memory(buffers, len(commands), target.alignment)
+        if plan["peak"] <= budget:
             break
-        mid = (lo + hi) // 2
-        trial = tiler.best(mid)
-        if trial is not None and sum(s.cycles for s in trial) <= fewest * (1 + tolerance):
-            segments, hi = trial, max(s.peak for s in trial)
-        else:
-            lo = mid
-    commands, buffers = buffers_of(tiler, segments)
-    plan = plan_memory(buffers, len(commands), target.alignment)
-    if plan["peak"] > budget:
-        raise NpuforgeError(f"the memory plan needs {plan['peak']} bytes of SRAM, {plan['peak'] - budget} over the "
-                            f"budget of {budget}; raise --sram")
+        schedule_budget -= plan["peak"] - budget + target.alignment
+    spilled = [k for k, t in enumerate(lowered.tensors) if t.dram]
+    untiled = tiler.untiled()
     whole_cmds, whole_bufs = buffers_of(tiler, untiled)
     program = Program(target, budget, lowered, segments, commands, buffers, plan, wblocks)
     offsets = {b.tensor: (b.offset, b.ring_rows) for b in buffers}

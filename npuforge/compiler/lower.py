@@ -264,6 +264,10 @@ class _Lowering:
         p = v.quant
         if p is None or not (p.dtype == t.dtype and float(p.scale) == t.scale and int(p.zero_point) == t.zero_point):
             raise UnsupportedError(f"{where}: output parameters differ from the input's; a view cannot rescale")
+        if node.outputs[0] in self.g.outputs:  # the program names its outputs as the graph does
+            if t.name in self.g.outputs or t.name in self.g.inputs:
+                raise UnsupportedError(f"{where}: its input is a graph input or output too; a copy keeps both names")
+            t.name, t.nchw = node.outputs[0], value_dims(v)
         self.ids[node.outputs[0]] = src
 
     def _bounds(self, node, p) -> tuple:
