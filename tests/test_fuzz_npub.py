@@ -24,8 +24,8 @@ from fuzz_harness import fuzz_cases, mutations, run_case
 from PIL import Image
 
 import npuforge
-from npuforge.compiler.binfmt import (COMMAND, HEADER, INPUT, IO, MAGIC, PARAM_ENTRY, SECTION, SECTIONS, TENSOR,
-                                      VERSION)
+from npuforge.compiler import binfmt
+from npuforge.compiler.binfmt import COMMAND, HEADER, INPUT, IO, PARAM_ENTRY, SECTION, SECTIONS, TENSOR
 from npuforge.compiler.compile import compile_graph
 from npuforge.compiler.target import load_target
 from npuforge.frontend.onnx_importer import import_onnx
@@ -126,16 +126,7 @@ def split(data: bytes) -> list[list]:
 
 def assemble(secs: list[list]) -> bytearray:
     """A file of these sections, laid out and checksummed as write_program does."""
-    table, body, pos = bytearray(), bytearray(), HEADER.size + SECTION.size * len(secs)
-    for kind, blob in secs:
-        pad = (-pos) % 16
-        body += b"\0" * pad
-        pos += pad
-        table += SECTION.pack(kind, pos, len(blob), zlib.crc32(blob))
-        body += blob
-        pos += len(blob)
-    rest = bytes(table + body)
-    return bytearray(HEADER.pack(MAGIC, *VERSION, len(secs), HEADER.size + len(rest), zlib.crc32(rest), 0) + rest)
+    return bytearray(binfmt.assemble(secs))
 
 
 def rechecksum(b: bytearray, keep=()) -> bytes:

@@ -186,10 +186,15 @@ def write_program(tensors: list[TensorRecord], commands: list[CommandRecord], in
             io += IO.pack(direction, len(shape), tensor, 0, *dims)
     blobs = [tensor_bytes, bytes(cmd_bytes), bytes(io), params, weights, names,
              json.dumps(meta, sort_keys=True).encode()]
-    table_size = SECTION.size * len(blobs)
-    pos = HEADER.size + table_size
+    return assemble(list(enumerate(blobs)))
+
+
+def assemble(sections: list) -> bytes:
+    """The file of these (kind, bytes) sections: header, section table, each section 16-byte aligned,
+    every checksum computed."""
+    pos = HEADER.size + SECTION.size * len(sections)
     table, body = bytearray(), bytearray()
-    for kind, blob in enumerate(blobs):
+    for kind, blob in sections:
         pad = (-pos) % 16
         body += b"\0" * pad
         pos += pad
@@ -197,8 +202,7 @@ def write_program(tensors: list[TensorRecord], commands: list[CommandRecord], in
         body += blob
         pos += len(blob)
     rest = bytes(table) + bytes(body)
-    header = HEADER.pack(MAGIC, *VERSION, len(blobs), HEADER.size + len(rest), zlib.crc32(rest), 0)
-    return header + rest
+    return HEADER.pack(MAGIC, *VERSION, len(sections), HEADER.size + len(rest), zlib.crc32(rest), 0) + rest
 
 
 # -- reading --------------------------------------------------------------------------------------------

@@ -135,13 +135,7 @@ def _command(img: ProgramImage, c) -> None:
         if off + rec.ring_rows * rec.row_bytes > _arena(img, rec):
             raise _Bad(f"{role} at {MEMORIES[rec.memory]} offset {off} ends past the program's {_arena(img, rec)}-byte "
                        f"arena")
-    if c.params not in img.blocks:
-        off, length = c.params
-        try:
-            img.blocks[c.params] = decode_params(img.params[off:off + length], "parameter block")
-        except ModelFormatError as e:
-            raise _Bad(str(e)) from None
-    p = img.blocks[c.params]
+    p = _block(img, c)
     if any(isinstance(v, bytes) for v in p.values()):
         raise _Bad("a byte entry in the parameter block of a kernel operation (only node commands hold one)")
     _params(c.kind, p, srcs, out)
@@ -163,13 +157,7 @@ def _node_command(img: ProgramImage, c, out, srcs) -> None:
         raise _Bad(f"writes rows {c.row0}..{c.row0 + c.rows}; a node command writes all {out.h}")
     if c.weights[1] or c.weights[3]:
         raise _Bad("a weight block for a node command (its constants are in its parameter block)")
-    if c.params not in img.blocks:
-        off, length = c.params
-        try:
-            img.blocks[c.params] = decode_params(img.params[off:off + length], "parameter block")
-        except ModelFormatError as e:
-            raise _Bad(str(e)) from None
-    p = img.blocks[c.params]
+    p = _block(img, c)
     if not isinstance(p.get("node"), bytes):
         raise _Bad("parameter block lacks its 'node'")
     index = _scalar(p, "output_index")
@@ -190,6 +178,17 @@ def _node_command(img: ProgramImage, c, out, srcs) -> None:
                        f"{layout[1]} x {layout[2]} x {layout[3]} {layout[0]}")
         if rec.h * rec.w * rec.c > MAX_WORK:
             raise _Bad(f"{role} holds {rec.h * rec.w * rec.c} elements; a command may build at most {MAX_WORK}")
+
+
+def _block(img: ProgramImage, c) -> dict:
+    """The command's parameter block, decoded once (commands may share one)."""
+    if c.params not in img.blocks:
+        off, length = c.params
+        try:
+            img.blocks[c.params] = decode_params(img.params[off:off + length], "parameter block")
+        except ModelFormatError as e:
+            raise _Bad(str(e)) from None
+    return img.blocks[c.params]
 
 
 def _scalar(p: dict, name: str) -> int:
