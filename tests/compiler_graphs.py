@@ -84,8 +84,9 @@ def random_model(draw, st, rng):
     b = Builder(rng, c, h, w)
     x, shape = "input", (c, h, w)
     for _ in range(draw(st.integers(1, 6))):
+        # the last three have no NPU kernel on npu256: node commands on the host CPU between NPU layers
         kind = draw(st.sampled_from(["conv", "conv", "residual", "concat", "maxpool", "avgpool", "resize", "lut",
-                                     "gate"]))
+                                     "gate", "transpose", "softmax", "scale"]))
         c, h, w = shape
         if kind == "conv" or (kind in ("maxpool", "avgpool") and min(h, w) < 3):
             x, shape = b.conv(x, shape, **conv_args(draw, st, shape))
@@ -113,6 +114,12 @@ def random_model(draw, st, rng):
             shape = (c, 2 * h, 2 * w)
         elif kind == "lut":
             x = b.node(draw(st.sampled_from(["Sigmoid", "HardSwish", "Tanh"])), [x])
+        elif kind == "transpose":  # H and W swap: the channel-last bytes move
+            x, shape = b.node("Transpose", [x], perm=[0, 1, 3, 2]), (c, w, h)
+        elif kind == "softmax":
+            x = b.node("Softmax", [x], axis=1)
+        elif kind == "scale":  # a per-channel constant operand
+            x = b.node("Mul", [x, b.const(rng.uniform(0.5, 2.0, (1, c, 1, 1)).astype(np.float32))])
         else:  # gate: x * sigmoid(conv(x))
             y, _ = b.conv(x, shape, c, 1, 1, 1, 1, [0, 0, 0, 0], "")
             x = b.node("Mul", [x, b.node("Sigmoid", [y])])

@@ -71,6 +71,7 @@ def test_program_simulator_equals_integer_simulator_on_random_cnns(data):
     program = compile_graph(graph, NPU256, sram=budget, tolerance=tolerance)
     event(f"cascades: {len(program.stats['cascades'])}")
     event(f"spilled tensors: {len(program.stats['spilled_tensors'])}")
+    event(f"host CPU commands: {'some' if program.stats['cpu_commands'] else 'none'}")
     assert program.peak <= budget
     assert program.peak >= program.stats["liveness_bound"]
     assert (program.stats["spilled_bytes"] > 0) == bool(program.stats["spilled_tensors"])
