@@ -299,13 +299,18 @@ def test_qdq_average_pool_runs_in_ort_with_its_fusions(include_pad):
     model = to_qdq_onnx(q)
     pool = next(n for n in model.graph.node if n.op_type == "AveragePool")
     assert "dilations" not in {a.name for a in pool.attribute}
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.optimized_model_filepath = ""
-    sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    out = sess.run(None, {q.inputs[0]: calib[0]})[0]
+    outs = {}
+    for level in ("ORT_ENABLE_ALL", "ORT_DISABLE_ALL"):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
+        sess = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        outs[level] = sess.run(None, {q.inputs[0]: calib[0]})[0]
     fq = run_fake_quant(q, {q.inputs[0]: calib[0]})[q.outputs[0]]
-    assert np.abs(out - fq).max() <= 2 * float(q.values[q.outputs[0]].quant.scale)
+    # with its fusions ONNX Runtime runs (the point); its fused int8 convolution saturates 16-bit pair
+    # sums on x86 without VNNI, so the numbers are compared where they are defined: the QDQ file's own
+    # float arithmetic (fusions off), one step of rounding from fake-quant at most
+    assert outs["ORT_ENABLE_ALL"].shape == fq.shape and np.isfinite(outs["ORT_ENABLE_ALL"]).all()
+    assert np.abs(outs["ORT_DISABLE_ALL"] - fq).max() <= 1.01 * float(q.values[q.outputs[0]].quant.scale)
 
 
 class SharedZeros(torch.nn.Module):
