@@ -118,7 +118,8 @@ def input_files(args) -> list[Path]:
         value = getattr(args, dest, None)
         if isinstance(value, str) and value and Path(value).exists():
             found.append(Path(value))
-    for value in getattr(args, "images", None) or []:
+    images = getattr(args, "images", None)  # image files (detect, predict); detection-set's is a count
+    for value in images if isinstance(images, list) else []:
         if isinstance(value, str):
             found.append(Path(value))
     for spec in getattr(args, "input", None) or []:

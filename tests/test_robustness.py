@@ -93,14 +93,6 @@ def test_check_litert_with_float_io_is_refused_before_writing(capsys, relu, tmp_
     assert not out.exists()
 
 
-def test_int16_naming_nothing_is_an_error_as_keep_float_is():
-    graph = npuforge.load(str(_tiny_cnn()))
-    calib = [np.random.default_rng(0).normal(size=(1, 3, 8, 8)).astype(np.float32)]
-    for option in ("int16", "keep_float"):
-        with pytest.raises(npuforge.NpuforgeError, match="NOSUCHNODE"):
-            npuforge.quantize(graph, calib, {option: ["NOSUCHNODE"]})
-
-
 def _tiny_cnn():
     import tempfile
     from pathlib import Path

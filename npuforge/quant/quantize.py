@@ -106,10 +106,6 @@ def make_plan(graph, config: QuantConfig) -> Plan:
         unknown = names - {n.name for n in graph.nodes}
         if unknown:
             raise NpuforgeError(f"{option} names unknown node(s): {', '.join(sorted(unknown))}")
-    unknown = set(config.int16) - {n.name for n in graph.nodes} - set(graph.values)
-    if unknown:
-        raise NpuforgeError(f"int16 names no node or value of the graph: {', '.join(sorted(unknown))} "
-                            f"(the names of the optimized graph, as `npuforge optimize` writes it)")
     for node in graph.nodes:
         kind = get_op(node.op).quant_kind(node, graph)
         if node.name in keep:
