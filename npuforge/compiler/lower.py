@@ -21,12 +21,9 @@ from ..ir.infer import input_infos
 from ..ops.registry import TensorInfo, get_op
 from ..quant.requant import activation_code_bounds, extra_bits, multiplier_value, quantize_multiplier
 from ..sim.int_ops import max_abs_code
-from .binfmt import DTYPE_BYTES as STORED_BYTES
-from .binfmt import MAX_INPUTS
+from .binfmt import DTYPE_BYTES, MAX_INPUTS, QRANGE
 from .cpu import encode_node, value_dims, value_layout
 
-DTYPE_BYTES = {"int8": 1, "uint8": 1, "int16": 2}
-QRANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
 # ops that only rename a value whose HWC bytes stay in the same order
 _VIEWS = ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Identity", "Dropout")
 # the NPU class of a node command for each IR op (npuforge/compiler/target.py NPU_OPS); an op not here,
@@ -61,7 +58,7 @@ class Tensor:
 
     @property
     def itemsize(self) -> int:
-        return STORED_BYTES[self.dtype]
+        return DTYPE_BYTES[self.dtype]
 
     @property
     def row_bytes(self) -> int:
@@ -130,8 +127,8 @@ class _Lowering:
     def tensor(self, name: str, where: str, npu: bool = True, ranks=(2, 3, 4)) -> int:
         """The program tensor of IR value ``name`` (created on first use, laid out as cpu.value_layout
         says). ``npu``: the value feeds or comes from an NPU kernel, which takes one-scale codes of a
-        [1, C, H, W] or [1, C] tensor; anything else is an UnsupportedError, and the node becomes a
-        node command (run whole by the integer simulator's kernel)."""
+        tensor of one of ``ranks`` (None: any) with batch 1; anything else is an UnsupportedError, and
+        the node becomes a node command (run whole by the integer simulator's kernel)."""
         v = self.g.values[name]
         if name not in self.ids:
             try:
@@ -147,7 +144,7 @@ class _Lowering:
             p = v.quant
             if p is None:
                 raise UnsupportedError(f"{where}: value '{name}' is not quantized; the NPU computes codes")
-            if p.dtype not in DTYPE_BYTES:
+            if p.dtype not in QRANGE:  # the code dtypes
                 raise UnsupportedError(f"{where}: value '{name}' is {p.dtype}; the NPU stores int8, uint8 or int16")
             if p.per_channel:
                 raise UnsupportedError(f"{where}: value '{name}' is quantized per channel; NPU activations have "
@@ -197,9 +194,7 @@ class _Lowering:
         g = self.g
         why = why.removeprefix(f"{where}: ")
         klass = NODE_CLASS.get(node.op)
-        kind_of_rule = get_op(node.op).quant_kind(node, g)
-        integer = all(g.values[o].quant is not None for o in node.outputs if o) and (
-            bool(node.quant) or kind_of_rule in ("passthrough", "concat"))
+        integer = self._integer(node) and all(g.values[o].quant is not None for o in node.outputs if o)
         kind = klass if klass in self.target.native_ops and integer else "cpu"
         if kind == "cpu" and klass is not None and integer:
             why = f"{why}; target '{self.target.name}' does not list '{klass}'"
@@ -220,13 +215,18 @@ class _Lowering:
             self.ops.append(NpuOp(label, kind, ins, self.tensor(name, where, npu=False),
                                   {"node": blob, "output_index": k}, None, macs if k == 0 else 0, why, node.op))
 
+    def _integer(self, node) -> bool:
+        """Whether the quantizer gave the node an integer program: integers of its own, or a rule that
+        moves codes (as the integer simulator decides)."""
+        return bool(node.quant) or get_op(node.op).quant_kind(node, self.g) in ("passthrough", "concat")
+
     def _kernel(self, node) -> None:
         """The node as NPU kernel operations; UnsupportedError when it has none on this target."""
         g = self.g
         where = f"node '{node.name}' ({node.op})"
         kind = get_op(node.op).quant_kind(node, g)
         out = g.values[node.outputs[0]] if node.outputs and node.outputs[0] else None
-        if out is None or out.quant is None or (kind not in ("passthrough", "concat") and not node.quant):
+        if out is None or out.quant is None or not self._integer(node):
             raise UnsupportedError(f"{where}: kept in float by the quantizer")
         if node.op in _VIEWS:
             self._view(node, where)
