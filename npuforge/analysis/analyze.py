@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from ..quant.config import QuantConfig
+from ..quant.layerwise import fixed_batch
 from ..quant.observers import METHODS
 from .layers import LayerProbe
 from .search import Scorer, explain, search, try_fixes, with_changes
@@ -54,7 +55,7 @@ def _remedy(graph, calib_batches, config: QuantConfig, steps: tuple, ev, int8: f
 def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config: QuantConfig | None = None, *,
             analysis_images: int = 16, fix_layers: int = 3, target_drop: float | None = None,
             max_layers: int = 16, engine: str = "ort", log=None, optimize: bool = True,
-            remedies: tuple = DEFAULT_REMEDIES):
+            remedies: tuple = DEFAULT_REMEDIES, batch_size: int = 50):
     """-> (result dict, quantized graph: the search's choice with a target, else plain int8).
 
     ``remedies``: whole-model steps of ``npuforge.quantize`` to measure, each a tuple of
@@ -83,20 +84,23 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
         log(f"note: Concat '{m['node']}' quantized in int16: its inputs' ranges differ {m['ratio']:.0f}x")
     lap("calibrate_and_quantize")
 
-    ev = Evaluator(x_eval, y_eval, engine)
+    ev = Evaluator(x_eval, y_eval, engine, batch_size)
     fp32, int8 = ev.top1(opt), ev.top1(qgraph)
     log(f"top-1 on {len(x_eval)} images: FP32 {fp32:.2f}%, int8 {int8:.2f}%")
     lap("evaluate")
 
     probe = LayerProbe(qgraph)
+    fixed = fixed_batch(opt)
+    chunk = fixed or 8  # a model's fixed batch is the only one it runs
     xa = x_eval[:analysis_images]
     wide = {layer.node: {"int16": cal.value_params(layer.output, config.method, "int16", True)}
             for layer in probe.layers if layer.output in cal.observed}
     log(f"per-layer errors on {len(xa)} images: {len(probe.layers)} layers, cumulative and isolated")
-    probe.run(xa, variants=wide)
+    probe.run(xa, chunk, variants=wide)
     lap("layer_errors")
-    float_logits = ort_logits(opt, xa)
-    errors = probe.output_errors(xa, float_logits, {layer.node: (layer.node, "same") for layer in probe.layers})
+    float_logits = ort_logits(opt, xa, batch_size)
+    errors = probe.output_errors(xa, float_logits, {layer.node: (layer.node, "same") for layer in probe.layers},
+                                 batch_size)
     for layer in probe.layers:
         layer.to_output = errors[layer.node]
     ranked = probe.rank()
@@ -112,7 +116,7 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
                                                                 config.symmetric) for m in METHODS}
                  for layer in ranked[:fix_layers] if layer.output in cal.observed}
     if observers:
-        probe.run(xa, variants=observers, errors=False)
+        probe.run(xa, chunk, variants=observers, errors=False)
     fixes = []
     for layer in ranked[:fix_layers]:
         log(f"fixes for {layer.node}")
@@ -120,6 +124,12 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
     lap("fixes")
 
     remedy_rows = []
+    if fixed is not None and fixed < sum(len(b) for b in calib_batches):
+        layerwise = [steps for steps in remedies if {"bias_correction", "adaround"} & set(steps)]
+        for steps in layerwise:
+            log(f"note: whole-model remedy {' + '.join(steps)} skipped: it runs every calibration image as one "
+                f"batch and the model fixes its batch at {fixed}")
+        remedies = [steps for steps in remedies if steps not in layerwise]
     for steps in remedies:
         log(f"whole-model remedy: {' + '.join(steps)}")
         remedy_rows.append(_remedy(opt, calib_batches, config, steps, ev, int8))
@@ -133,7 +143,7 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
         result_search = search(scorer, ranked, fp32, int8, target_drop, max_layers)
         best = cal.build(with_changes(config, result_search["changes"]))
         if engine == "ort":  # the number npuforge eval prints for the written model
-            result_search["top1_fake_quant"] = round(Evaluator(x_eval, y_eval, "npuforge").top1(best), 3)
+            result_search["top1_fake_quant"] = round(Evaluator(x_eval, y_eval, "npuforge", batch_size).top1(best), 3)
         lap("search")
 
     worst = ranked[:max(fix_layers, 4)]

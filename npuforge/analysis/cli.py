@@ -105,7 +105,7 @@ def _remedies(text: str) -> tuple:
 def cmd_analyze(args) -> int:
     from ..quant.config import QuantConfig
     from ..cli import parse_input_shapes
-    from ..workflow import resolve_model, stderr_log, transform_of
+    from ..workflow import batch_size_for, resolve_model, stderr_log, transform_of
     from ..zoo.data import ImageDataset
     from .analyze import analyze
     from .text import format_table
@@ -129,14 +129,15 @@ def cmd_analyze(args) -> int:
     if same and skip < args.num_calib:
         log(f"note: --data is the calibration folder and --skip {skip} keeps calibration images in the evaluation")
     data = ImageDataset(args.data, args.class_table, limit=args.limit, skip=skip)
-    x_calib, _ = _load_images(calib, transform, args.batch_size)
-    batches = [x_calib[i:i + args.batch_size] for i in range(0, len(x_calib), args.batch_size)]
-    x_eval, y_eval = _load_images(data, transform, args.batch_size)
+    batch_size = batch_size_for(graph, args.batch_size, "analyze", log)
+    x_calib, _ = _load_images(calib, transform, batch_size)
+    batches = [x_calib[i:i + batch_size] for i in range(0, len(x_calib), batch_size)]
+    x_eval, y_eval = _load_images(data, transform, batch_size)
     log(f"{args.model}: {len(x_calib)} calibration images, {len(x_eval)} evaluation images"
         f"{f' (first {skip} of --data skipped)' if skip else ''}")
     result, qgraph = analyze(graph, batches, x_eval, y_eval, config, analysis_images=args.analysis_images,
                              fix_layers=args.fix_layers, target_drop=args.target_drop, max_layers=args.max_layers,
-                             engine=args.engine, log=log, remedies=remedies)
+                             engine=args.engine, log=log, remedies=remedies, batch_size=batch_size)
     result["model"] = args.model
     result["calib"], result["data"], result["skip"] = str(args.calib), str(args.data), skip
     if args.output:

@@ -15,6 +15,7 @@ import copy
 import numpy as np
 import torch
 
+from ..errors import NpuforgeError
 from ..ops.activation import apply_fused
 from ..ops.registry import get_op
 from ..sim.float_exec import check_feeds, last_uses
@@ -52,6 +53,12 @@ def without_activation(node):
     return linear
 
 
+def fixed_batch(graph) -> int | None:
+    """The batch size the model's first input fixes, or None when its batch dim is symbolic."""
+    shape = graph.values[graph.inputs[0]].shape
+    return shape[0] if shape and isinstance(shape[0], int) else None
+
+
 def run_layerwise(graph, feeds: list[dict], nodes: set, visit, progress=None) -> None:
     """Run ``graph`` float and fake-quantized over all ``feeds`` (batches {name: array}).
 
@@ -63,6 +70,10 @@ def run_layerwise(graph, feeds: list[dict], nodes: set, visit, progress=None) ->
     side then uses. ``progress(done, total)`` follows the visited nodes.
     """
     inputs = {name: np.concatenate([f[name] for f in feeds]) for name in graph.inputs}
+    if fixed_batch(graph) not in (None, len(inputs[graph.inputs[0]])):
+        raise NpuforgeError(f"bias correction and AdaRound run all {len(inputs[graph.inputs[0]])} calibration images "
+                            f"as one batch, but the model fixes its batch at {fixed_batch(graph)}: re-export it with "
+                            f"a dynamic batch dim")
     env_f = check_feeds(graph, inputs)
     env_q = {name: graph.values[name].quant.fake_quant(t) if graph.values[name].quant is not None else t
              for name, t in env_f.items()}
