@@ -218,7 +218,13 @@ def cmd_eval(args) -> int:
         from .workflow import preprocess_of
 
         proto = onnx.load(str(path), load_external_data=False)
-        meta = next((json.loads(p.value) for p in proto.metadata_props if p.key == "npuforge"), {})
+        meta = next((p.value for p in proto.metadata_props if p.key == "npuforge"), "{}")
+        try:
+            meta = json.loads(meta)
+        except ValueError:
+            meta = None
+        if not isinstance(meta, dict):
+            raise NpuforgeError(f"{path}: its 'npuforge' metadata is not a JSON object; re-export the file")
         graph = Graph(path.stem)
         if args.preprocess:
             from .zoo import get_config
@@ -239,6 +245,10 @@ def cmd_eval(args) -> int:
         from .zoo.data import ClassTable
 
         ct = graph.metadata["class_table"]
+        if not (isinstance(ct, dict) and all(isinstance(ct.get(k), list) and all(isinstance(x, str) for x in ct[k])
+                                             for k in ("wnids", "names")) and len(ct["wnids"]) == len(ct["names"])):
+            raise NpuforgeError(f"{args.model}: its recorded class_table is not two equal lists of strings "
+                                f"(wnids, names); give --class-table FILE")
         table = ClassTable(tuple(ct["wnids"]), tuple(ct["names"]), source=args.model)
     dataset = ImageDataset(args.data, table, limit=args.limit, skip=args.skip)
     if args.engine == "ort" and "quantization" in graph.metadata and not args.json:
@@ -246,7 +256,7 @@ def cmd_eval(args) -> int:
 
         if cpu_lacks_vnni() and not graph.metadata["quantization"]["config"].get("reduce_range"):
             stderr_log(ORT_VNNI_NOTE)
-    result = evaluate_logits(forward, dataset, transform_of(graph.metadata["preprocess"]),
+    result = evaluate_logits(forward, dataset, transform_of(graph.metadata["preprocess"], args.model),
                              batch_size=args.batch_size, progress=not (args.quiet or args.json), name=args.model)
     out = result.to_dict()
     out["engine"] = args.engine

@@ -26,8 +26,15 @@ def preprocess_of(config) -> dict:
             "source": f"zoo:{config.name}"}
 
 
-def transform_of(preprocess: dict):
-    from .zoo.transforms import EvalTransform, LetterboxTransform, ResizeTransform
+def transform_of(preprocess: dict, where: str = "the model"):
+    """The image transform a preprocessing record describes; a malformed record (read from a file)
+    is one line naming ``where``."""
+    from .zoo.transforms import EvalTransform, LetterboxTransform, ResizeTransform, preprocess_problem
+
+    problem = preprocess_problem(preprocess)
+    if problem:
+        raise NpuforgeError(f"{where}: {problem} (a malformed preprocessing record; --preprocess ZOO_MODEL "
+                            f"replaces it)")
 
     if preprocess.get("fit") == "letterbox":
         return LetterboxTransform(preprocess["crop_size"][0], preprocess["interpolation"], preprocess["mean"],
@@ -131,6 +138,7 @@ def resolve_model(spec: str, preprocess: str | None = None, log=None, input_shap
         if log:
             log(f"note: {spec} records no preprocessing; using ImageNet defaults (resize {crop[0] / 0.875:.0f}, "
                 f"crop {crop[0]}x{crop[1]}, mean/std of ImageNet); --preprocess ZOO_MODEL picks another")
+    transform_of(graph.metadata["preprocess"], spec)  # checked before an image is resized to it
     return graph
 
 

@@ -169,3 +169,41 @@ def test_console_script_exit_code_and_no_traceback(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "npuforge.cli", "inspect", str(bad)], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.startswith("npuforge: error: ")
+
+
+GOOD_PREPROCESS = {"resize_size": 9, "crop_size": [8, 8], "interpolation": "bilinear", "mean": [0, 0, 0],
+                   "std": [1, 1, 1]}
+
+
+@pytest.mark.parametrize("meta, fragment", [
+    ({"preprocess": 5}, "'preprocess' is a JSON int"),
+    ({"preprocess": {**GOOD_PREPROCESS, "crop_size": "a"}}, "crop_size 'a'"),
+    ({"preprocess": {**GOOD_PREPROCESS, "crop_size": [1 << 20, 1 << 20]}}, "at most 67108864 pixels"),
+    ({"preprocess": {**GOOD_PREPROCESS, "resize_size": -3}}, "resize_size -3"),
+    ({"preprocess": {**GOOD_PREPROCESS, "interpolation": None}}, "interpolation None"),
+    ({"preprocess": {**GOOD_PREPROCESS, "std": [1, 0, 1]}}, "std [1, 0, 1]"),
+    ({"preprocess": GOOD_PREPROCESS, "class_table": 7}, "class_table is not two equal lists"),
+    ({"preprocess": GOOD_PREPROCESS, "class_table": {"wnids": ["a"], "names": []}}, "class_table"),
+])
+def test_a_malformed_metadata_record_is_one_line(capsys, tmp_path, conv_model, meta, fragment):
+    """A saved IR's metadata is read from a file: its preprocessing and class table are checked
+    before an image is resized to them (they were AttributeError / KeyError / MemoryError)."""
+    import npuforge
+    from PIL import Image
+
+    graph = npuforge.load(conv_model)
+    graph.metadata.update(meta)
+    npuforge.save(graph, tmp_path / "m.nfir")
+    (tmp_path / "images" / "a").mkdir(parents=True)
+    Image.new("RGB", (10, 12)).save(tmp_path / "images" / "a" / "0.png")
+    code, _, err = run_cli(capsys, "eval", tmp_path / "m.nfir", "--data", tmp_path / "images", "--batch-size", 1)
+    assert_user_error(code, err, "m.nfir", fragment)
+
+
+def test_malformed_npuforge_metadata_in_an_onnx_file(capsys, tmp_path, conv_model):
+    model = onnx.load(conv_model)
+    model.metadata_props.add(key="npuforge", value="[not json")
+    onnx.save(model, tmp_path / "m.onnx")
+    (tmp_path / "images" / "a").mkdir(parents=True)
+    code, _, err = run_cli(capsys, "eval", tmp_path / "m.onnx", "--data", tmp_path / "images", "--engine", "ort")
+    assert_user_error(code, err, "m.onnx", "'npuforge' metadata is not a JSON object")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 from ..errors import ModelFormatError
+from ..zoo.transforms import preprocess_problem
 from .binfmt import MAX_INPUTS, MEMORIES, NODE_OPCODES, QRANGE, ProgramImage, decode_params
 from .kernels import needed_rows
 from .weights import block_problem
@@ -44,7 +45,6 @@ SCALARS = {"conv": WINDOW + COMPUTE + ("group",), "depthwise": WINDOW + COMPUTE,
 AT_LEAST = {"kernel_h": 1, "kernel_w": 1, "stride_h": 1, "stride_w": 1, "dilation_h": 1, "dilation_w": 1,
             "pad_top": 0, "pad_left": 0, "group": 1}
 FLAGS = ("single_rounding", "code_average", "mode")  # 0 or 1
-INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "lanczos")  # npuforge/zoo/transforms.py's filters
 
 
 class _Bad(Exception):
@@ -322,30 +322,6 @@ def _meta(img: ProgramImage) -> None:
     pre = img.meta.get("preprocess")
     if pre is None:
         return
-    if not isinstance(pre, dict):
-        raise _Bad(f"'preprocess' is a JSON {type(pre).__name__}, not an object")
-    fit = pre.get("fit")
-    if fit not in (None, "letterbox", "resize"):
-        raise _Bad(f"'preprocess' fit {fit!r}; expected 'letterbox', 'resize' or none")
-    crop = pre.get("crop_size")  # an image input's H, W: npuforge/compiler/cli.py checks it there
-    if not _ints(crop, 2):
-        raise _Bad(f"'preprocess' crop_size {crop!r}; two sizes of at least 1 expected")
-    if fit is None and not (_ints([pre.get("resize_size")], 1) and pre["resize_size"] <= 8 * max(crop)):
-        raise _Bad(f"'preprocess' resize_size {pre.get('resize_size')!r}; a size 1..{8 * max(crop)} expected")
-    if pre.get("interpolation") not in INTERPOLATIONS:
-        raise _Bad(f"'preprocess' interpolation {pre.get('interpolation')!r}; one of {', '.join(INTERPOLATIONS)}")
-    for name in ("mean", "std"):
-        v = pre.get(name)
-        if not (isinstance(v, list) and len(v) == 3 and all(_number(x) for x in v)) or \
-                (name == "std" and 0 in v):
-            raise _Bad(f"'preprocess' {name} {v!r}; three finite numbers expected" +
-                       (" (none 0)" if name == "std" else ""))
-
-
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _ints(v, n: int) -> bool:
-    return isinstance(v, list) and len(v) == n and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
-                                                       for x in v)
+    problem = preprocess_problem(pre)
+    if problem:
+        raise _Bad(problem)

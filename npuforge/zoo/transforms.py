@@ -8,8 +8,12 @@ rounding), then ``(pixel - mean) / std`` with pixels in 0..255.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from PIL import Image
+
+from ..images import MAX_PIXELS
 
 _RESAMPLE = {
     "nearest": Image.Resampling.NEAREST,
@@ -17,6 +21,40 @@ _RESAMPLE = {
     "bicubic": Image.Resampling.BICUBIC,
     "lanczos": Image.Resampling.LANCZOS,
 }
+
+
+def preprocess_problem(pre) -> str | None:
+    """What is wrong with a preprocessing record (the JSON object a graph's metadata, a training run
+    and a program's META carry; see npuforge/workflow.py transform_of), or None: a record read from a
+    file is checked before an image is resized to it."""
+    if not isinstance(pre, dict):
+        return f"'preprocess' is a JSON {type(pre).__name__}, not an object"
+    fit = pre.get("fit")
+    if fit not in (None, "letterbox", "resize"):
+        return f"'preprocess' fit {fit!r}; expected 'letterbox', 'resize' or none"
+    crop = pre.get("crop_size")
+    if not (_sizes(crop, 2) and crop[0] * crop[1] <= MAX_PIXELS):
+        return f"'preprocess' crop_size {crop!r}; two sizes of at least 1 expected, at most {MAX_PIXELS} pixels"
+    if fit == "letterbox" and crop[0] != crop[1]:
+        return f"'preprocess' crop_size {crop!r}; a letterbox is square"
+    if fit is None and not (_sizes([pre.get("resize_size")], 1) and pre["resize_size"] <= 8 * max(crop)):
+        return f"'preprocess' resize_size {pre.get('resize_size')!r}; a size 1..{8 * max(crop)} expected"
+    if pre.get("interpolation") not in _RESAMPLE:
+        return f"'preprocess' interpolation {pre.get('interpolation')!r}; one of {', '.join(_RESAMPLE)}"
+    for name in ("mean", "std"):
+        v = pre.get(name)
+        if not (isinstance(v, list) and len(v) == 3 and all(_finite(x) for x in v)) or (name == "std" and 0 in v):
+            return f"'preprocess' {name} {v!r}; three finite numbers expected" + (" (none 0)" if name == "std" else "")
+    return None
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _sizes(v, n: int) -> bool:
+    return isinstance(v, list) and len(v) == n and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
+                                                       for x in v)
 
 
 def resize_short_side(img: Image.Image, size: int, interpolation: str = "bilinear") -> Image.Image:
