@@ -394,6 +394,8 @@ class _Exporter:
                 _refuse(node, f"Clip bounds {clip_bounds(self.g, node)} are none of TFLite's RELU, RELU6, "
                               f"RELU_N1_TO_1")
             name = {"Relu": "RELU", "Relu6": "RELU6", "ReluN1To1": "RELU_N1_TO_1"}[kind]
+        elif node.op == "LeakyRelu":
+            name = "LEAKY_RELU"
         else:
             name = {"Sigmoid": "LOGISTIC", "Tanh": "TANH", "HardSwish": "HARD_SWISH"}[node.op]
             fixed = fixed_output(node.op, yp.dtype)
@@ -402,6 +404,10 @@ class _Exporter:
         want = tflite_table(self.g, node, xp, yp)
         if want is not None and not np.array_equal(self.stored(node, "lut").astype(np.int64), want):
             return self.table(node)  # another table than TFLite's kernel computes: written as it is
+        if name == "LEAKY_RELU":
+            self.op(name, [self.activation(x)], [self.activation(y)], "LeakyReluOptions", version=2,
+                    Alpha=float(node.attrs["alpha"]))
+            return
         self.op(name, [self.activation(x)], [self.activation(y)], version=1 if name in ("HARD_SWISH", "RELU_N1_TO_1")
                 else 2)
 
@@ -518,7 +524,7 @@ class _Exporter:
     HANDLERS = {"Conv": conv, "Gemm": gemm, "Add": add, "Sub": add, "Mul": mul, "GlobalAveragePool": mean,
                 "ReduceMean": mean, "AveragePool": pool, "MaxPool": pool, "Flatten": reshape, "Reshape": reshape,
                 "Squeeze": reshape, "Unsqueeze": reshape, "Concat": concat, "Pad": pad, "Relu": activation_op,
-                "Clip": activation_op, "Sigmoid": activation_op, "Tanh": activation_op, "HardSwish": activation_op,
+                "Clip": activation_op, "LeakyRelu": activation_op, "Sigmoid": activation_op, "Tanh": activation_op, "HardSwish": activation_op,
                 "Resize": resize, "Softmax": softmax, "Transpose": transpose, "Slice": slice, "Split": split}
 
     # -- graph -------------------------------------------------------------------------

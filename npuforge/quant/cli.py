@@ -32,8 +32,8 @@ def add_quantize_parser(sub) -> None:
     p.add_argument("--method", default="minmax", choices=METHODS, help="activation range observer (default minmax)")
     p.add_argument("--granularity", default="per-channel", choices=GRANULARITIES,
                    help="weight scales per output channel (default) or per tensor")
-    p.add_argument("--activation-dtype", default="uint8", choices=ACTIVATION_DTYPES,
-                   help="activation type (default uint8, asymmetric)")
+    p.add_argument("--activation-dtype", choices=ACTIVATION_DTYPES,
+                   help="activation type (default uint8, asymmetric; int8 with --target tflite)")
     p.add_argument("--symmetric", action="store_true", help="symmetric activations")
     p.add_argument("--reduce-range", action="store_true",
                    help="7-bit weights, for ONNX Runtime's int8 kernels on x86 CPUs without VNNI")
@@ -42,6 +42,11 @@ def add_quantize_parser(sub) -> None:
                         "after a right shift; default: short right shifts folded in, one rounding) and TFLite's own "
                         "ADD, MEAN, pooling, FULLY_CONNECTED, SOFTMAX and activation kernels; needed by "
                         "`npuforge export --format tflite` (docs/tflite.md)")
+    p.add_argument("--target", choices=("tflite",),
+                   help="tflite: a quantized IR that `npuforge export --format tflite` always takes: implies "
+                        "--tflite-multipliers and int8 activations, keeps every value in 8 bits (no int16 Concat, "
+                        "normalization input or detector box path) and splits fused activations TFLite has no "
+                        "fused form of (docs/tflite.md)")
     p.add_argument("--ort-multipliers", action="store_true",
                    help="move each Conv / Gemm multiplier by at most 2^-18 of itself to one ONNX Runtime's integer "
                         "convolution reproduces exactly: the integer simulator then runs almost every channel on "
@@ -150,11 +155,16 @@ def cmd_quantize(args) -> int:
     out = Path(args.output)
     if args.num_calib < 1:
         raise NpuforgeError(f"--num-calib {args.num_calib}: give a positive number of images")
-    config = QuantConfig(method=args.method, granularity=args.granularity, activation_dtype=args.activation_dtype,
+    if args.target and (args.ort_multipliers or args.int16):
+        raise NpuforgeError(f"--target {args.target} computes TFLite's integers; drop "
+                            f"{'--ort-multipliers' if args.ort_multipliers else '--int16 (no int16 TFLite form yet)'}")
+    dtype = args.activation_dtype or "uint8"  # (--target tflite makes it int8)
+    config = QuantConfig(method=args.method, granularity=args.granularity, activation_dtype=dtype,
                          symmetric=args.symmetric, reduce_range=args.reduce_range, int16=_names(args.int16),
                          keep_float=_names(args.keep_float), concat_range_ratio=args.concat_range_ratio,
                          norm_spread_codes=args.norm_spread_codes, strict=args.strict, equalize=args.equalize,
                          tflite_multipliers=args.tflite_multipliers, ort_multipliers=args.ort_multipliers,
+                         target=args.target or "",
                          bias_correction=args.bias_correction, adaround=args.adaround,
                          adaround_iters=args.adaround_iters, adaround_bias_correction=args.adaround_bias_correction,
                          adaround_cache=(args.adaround_cache or str(out.with_suffix(".adaround"))) if args.adaround
@@ -163,7 +173,7 @@ def cmd_quantize(args) -> int:
     graph = resolve_model(args.model, args.preprocess, log=log, input_shapes=parse_input_shapes(args.input_shape))
     check_input_size(graph, args.model)
     hint = graph.metadata.get("detector", {}).get("int16", [])
-    if hint and not args.int16:  # a detector's box path (its regressors reach far beyond the image)
+    if hint and not args.int16 and not args.target:  # a detector's box path (its regressors reach far beyond the image)
         config.int16 = list(hint)
         log(f"note: {args.model}'s box path ({len(hint)} values, from its regressor convolutions to 'boxes') is "
             f"quantized in int16, as the detector records; --int16 NAMES chooses others")

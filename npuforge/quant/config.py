@@ -11,6 +11,7 @@ from .observers import METHODS
 GRANULARITIES = ("per-channel", "per-tensor")
 ACTIVATION_DTYPES = ("uint8", "int8")
 WEIGHT_METHODS = ("minmax", "mse")
+TARGETS = ("", "tflite")
 
 
 @dataclass
@@ -67,6 +68,11 @@ class QuantConfig:
         "help": "move each Conv / Gemm multiplier by at most 2^-18 of itself to one whose fixed-point rule ONNX "
                 "Runtime's integer convolution reproduces exactly, so the integer simulator runs more of the "
                 "model on ONNX Runtime's int8 kernels (not with tflite_multipliers)"})
+    target: str = field(default="", metadata={
+        "help": "tflite: quantize for the int8 TFLite export, which then always takes the result: TFLite's "
+                "arithmetic (tflite_multipliers), int8 activations, every activation in 8 bits (concat_range_ratio and "
+                "norm_spread_codes 0; the export writes no int16 yet), and the graph rewrites TFLite needs "
+                "(a fused LeakyRelu split off its convolution)"})
     strict: bool = field(default=False, metadata={
         "help": "an op with no quantization rule is an error instead of a warning (it is kept in float)"})
 
@@ -76,6 +82,14 @@ class QuantConfig:
         _choose("activation_dtype", self.activation_dtype, ACTIVATION_DTYPES)
         _choose("weight_method", self.weight_method, WEIGHT_METHODS + ("auto",))
         _choose("calibration_engine", self.calibration_engine, ("ort", "npuforge"))
+        _choose("target", self.target, TARGETS)
+        if self.target == "tflite":
+            if self.int16:
+                raise NpuforgeError("quantization option int16 has no int8 TFLite form yet (target='tflite' keeps "
+                                    "every activation in 8 bits): leave it out")
+            self.tflite_multipliers = True
+            self.activation_dtype = "int8"  # (a uint8 grid is the same grid shifted: nothing is lost)
+            self.concat_range_ratio = self.norm_spread_codes = 0.0
         if not 50.0 < self.percentile <= 100.0:
             raise NpuforgeError(f"quantization option percentile={self.percentile}: give a value in (50, 100]")
         if self.bins < 256 or self.bins & (self.bins - 1):

@@ -38,6 +38,7 @@ from .params import QParams, QRANGES, from_range, weight_params
 from .ort_multipliers import match_multipliers
 from .requant import (TFLITE_ADD_LEFT_SHIFT, activation_code_bounds, requant_multiplier, tflite_add_multipliers,
                       tflite_mean_multiplier)
+from .tflite_rewrites import split_fused_leaky_relu
 from .tflite_tables import fixed_output, tflite_table
 
 
@@ -143,14 +144,16 @@ def make_plan(graph, config: QuantConfig) -> Plan:
 
 
 def _fix_tflite_outputs(graph, plan: Plan) -> None:
-    """The output grids TFLite requires (LOGISTIC 1/256, TANH 1/128), on every value of a
-    sharing group made only of such outputs of one op."""
+    """The output grids TFLite requires (LOGISTIC 1/256, TANH 1/128, SOFTMAX 1/256), on every
+    value of a sharing group whose values are outputs of one such op and of ops that only move
+    codes (a Reshape or Concat after a Sigmoid shares its grid: looked through)."""
     producer = {o: n for n in graph.nodes for o in n.outputs}
     groups: dict[str, list[str]] = {}
     for name in plan.activations:
         groups.setdefault(plan.find(name), []).append(name)
     for names in groups.values():
-        ops = {producer[n].op if n in producer else None for n in names}
+        ops = {producer[n].op if n in producer else None for n in names
+               if n not in producer or plan.kinds.get(producer[n].name) not in ("passthrough", "concat")}
         p = fixed_output(ops.pop(), graph.values[names[0]].quant.dtype) if len(ops) == 1 else None
         for n in names if p is not None else []:
             graph.values[n].quant = p
@@ -460,6 +463,8 @@ def quantize(model, data, config=None, *, optimize: bool = True, progress=None, 
     """
     graph = _as_graph(model, optimize)
     config = config if isinstance(config, QuantConfig) else QuantConfig.from_dict(dict(config or {}))
+    if config.target == "tflite":
+        split_fused_leaky_relu(graph)
     steps = {}
     if config.equalize:
         _step(steps, "equalize", None, equalize, graph)

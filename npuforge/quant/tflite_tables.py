@@ -7,6 +7,7 @@ tests/test_tflite_vs_litert.py) where that is not the float op rounded once:
 
 * RELU / RELU6 / RELU_N1_TO_1 standalone: ``zp_y + MultiplyByQuantizedMultiplier(x - zp_x,
   s_x / s_y)`` clamped to the activation's range (bounds ``zp_y + round(bound / s_y)``).
+* LEAKY_RELU: two requantizations of ``x - zp_x``, by ``s_x / s_y`` and ``s_x * alpha / s_y``.
 * HARD_SWISH: the 16-bit fixed-point kernel (input shifted left by 7 bits, a "relu-ish"
   factor in [0, 1] on a 3/32768 scale, a truncating doubling high multiply).
 
@@ -95,6 +96,20 @@ def hard_swish_table(xq: QParams, yq: QParams) -> np.ndarray:
     return np.clip(y, yq.qmin, yq.qmax)
 
 
+def leaky_relu_table(xq: QParams, yq: QParams, alpha: float) -> np.ndarray:
+    """TFLite's quantized LEAKY_RELU over every input code: ``x - zp_x`` requantized by
+    ``s_x / s_y`` where it is >= 0, by ``s_x * alpha / s_y`` below (the ratios in float32,
+    as LiteRT's Prepare computes them)."""
+    f32 = np.float32
+    x = torch.from_numpy(_codes(xq) - int(xq.zero_point))
+    out = []
+    for real in (f32(xq.scale) / f32(yq.scale), f32(f32(xq.scale) * f32(alpha)) / f32(yq.scale)):
+        m, s = quantize_multiplier(np.float64(real))
+        out.append(requantize_fixedpoint(x, int(m), int(s)).numpy())
+    y = np.where(x.numpy() >= 0, out[0], out[1]) + int(yq.zero_point)
+    return np.clip(y, yq.qmin, yq.qmax)
+
+
 RELU_KINDS = {(0.0, None): "Relu", (0.0, 6.0): "Relu6", (-1.0, 1.0): "ReluN1To1"}  # (lo, hi) -> TFLite op
 
 
@@ -115,4 +130,6 @@ def tflite_table(graph, node, xq: QParams, yq: QParams) -> np.ndarray | None:
         return relu_table(xq, yq, RELU_KINDS[clip_bounds(graph, node)])
     if node.op == "HardSwish":
         return hard_swish_table(xq, yq)
+    if node.op == "LeakyRelu":
+        return leaky_relu_table(xq, yq, node.attrs["alpha"])
     return None
