@@ -158,7 +158,7 @@ def test_uint8_activations_export_as_int8_shifted():
 
 def test_export_refuses_npuforge_arithmetic_naming_the_node():
     q = quantized(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()), [(1, 3, 8, 8)], config=QuantConfig())
-    with pytest.raises(npuforge.NpuforgeError, match=r"node '.*Conv.*'.*--tflite-multipliers"):
+    with pytest.raises(npuforge.NpuforgeError, match=r"node '.*Conv.*'.*--target tflite"):
         to_tflite(q)
 
 
@@ -176,7 +176,7 @@ def test_cli_export_writes_and_checks(tmp_path, capsys):
     before = out.read_bytes()
     assert main(["export", str(tmp_path / "plain.nfir"), "--format", "tflite", "-o", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--tflite-multipliers" in err
+    assert err.count("\n") == 1 and "--target tflite" in err
     assert out.read_bytes() == before  # the earlier export is left as it was
 
 

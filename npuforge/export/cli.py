@@ -19,7 +19,7 @@ def add_export_parser(sub) -> None:
         "export", help="write a quantized IR as int8 TFLite (or a model as ONNX / ONNX QDQ)",
         description="Write MODEL in another format. --format tflite: a full-integer int8 TFLite model (int8 "
                     "activations, int8 per-channel weights, int32 biases, NHWC) that LiteRT runs and Arm's Vela "
-                    "compiles; MODEL must be a quantized IR quantized with --tflite-multipliers, so that LiteRT "
+                    "compiles; MODEL must be a quantized IR quantized with --target tflite, so that LiteRT "
                     "computes what the integer simulator computes (docs/tflite.md). --format onnx: ONNX, QDQ "
                     "for a quantized IR.")
     p.add_argument("model", help="a quantized IR (npuforge quantize ... -o OUT), or any model file for --format onnx")
@@ -44,9 +44,23 @@ def _random_batches(graph, n: int, seed: int = 0):
         for name in graph.inputs:
             p = graph.values[name].quant
             shape = tuple(d if isinstance(d, int) else 1 for d in graph.values[name].shape)
+            if p is None:  # token ids: below the size of the table they index
+                feeds[name] = rng.integers(0, _index_bound(graph, name), shape)
+                continue
             lo, hi = (float((q - p.zero_point) * p.scale) for q in (p.qmin, p.qmax))
             feeds[name] = rng.uniform(lo, hi, shape).astype(np.float32)
         yield feeds
+
+
+def _index_bound(graph, name: str) -> int:
+    """The number of rows of the smallest table an integer input indexes (a Gather's axis)."""
+    sizes = [graph.values[n.inputs[0]].shape[n.attrs["axis"]] for n in graph.nodes
+             if n.op == "Gather" and n.inputs[1] == name]
+    sizes = [s for s in sizes if isinstance(s, int)]
+    if not sizes:
+        raise NpuforgeError(f"--check-litert: integer input '{name}' indexes no Gather; give inputs of your own "
+                            f"(npuforge.export.litert_check.compare)")
+    return min(sizes)
 
 
 def cmd_export(args) -> int:

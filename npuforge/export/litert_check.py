@@ -40,7 +40,7 @@ def tflite_codes(graph, name: str, codes: np.ndarray) -> np.ndarray:
 
 
 def compare(graph, model: bytes, batches, reference: bool = True, simulator=None) -> dict:
-    """Run ``batches`` (dicts input name -> float array, batch 1 each) through the integer
+    """Run ``batches`` (dicts input name -> float array, or integer ids, batch 1 each) through the integer
     simulator and LiteRT; counts of output codes and of samples that differ."""
     from ..sim.integer import IntegerSimulator, quantize_input
 
@@ -49,9 +49,11 @@ def compare(graph, model: bytes, batches, reference: bool = True, simulator=None
     samples = equal = codes = differ = 0
     worst = 0
     for feeds in batches:
-        q = {n: quantize_input(np.asarray(feeds[n], np.float32), graph.values[n].quant) for n in graph.inputs}
+        q = {n: quantize_input(np.asarray(feeds[n], np.float32), graph.values[n].quant)
+             if graph.values[n].quant is not None else np.asarray(feeds[n]) for n in graph.inputs}
         ours = sim.run(q, dequantize=False)
-        theirs = run_litert(it, [tflite_codes(graph, n, q[n]) for n in graph.inputs])
+        theirs = run_litert(it, [tflite_codes(graph, n, q[n]) if graph.values[n].quant is not None
+                                 else q[n].astype(np.int32) for n in graph.inputs])  # token ids: int32
         same = True
         for name, t in zip(graph.outputs, theirs):
             o = tflite_codes(graph, name, ours[name]).astype(np.int64)

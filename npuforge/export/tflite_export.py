@@ -14,7 +14,7 @@ LiteRT derives every requantization multiplier from the float scales in the file
 an export that is to compute what the IR's integer simulator computes needs the IR's
 stored integers to be TFLite's: each node is checked (multipliers, TFLite's ADD and
 MEAN arithmetic, fused-activation bounds) and a graph quantized otherwise is refused
-with the reason (quantize with ``--tflite-multipliers``).
+with the reason (quantize with ``--target tflite``).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from ..quant.fixedpoint import round_half_away
 from ..quant.params import QParams
 from ..quant.tflite_tables import activation_range
 from ..quant.requant import TFLITE_ADD_LEFT_SHIFT, quantize_multiplier, tflite_add_multipliers, tflite_mean_multiplier
+from .tflite_layout import NCHW_TO_NHWC as _NCHW_TO_NHWC, NHWC_AXIS as _NHWC_AXIS, refuse as _refuse, same_order
+from . import tflite_tensor_ops as tensor_ops
 from .tflite_writer import TensorQuant, TFLiteWriter
 
 IO_TYPES = ("int8", "float")
-_NCHW_TO_NHWC = (0, 2, 3, 1)
-_NHWC_AXIS = {0: 0, 1: 3, 2: 1, 3: 2}  # an NCHW axis -> the same axis in NHWC
 
 
 def _codes():
@@ -38,10 +38,6 @@ def _codes():
     from tflite.BuiltinOptions import BuiltinOptions as O
 
     return B, O
-
-
-def _refuse(node, why: str):
-    raise UnsupportedError(f"node '{node.name}' ({node.op}): {why}; it has no int8 TFLite form")
 
 
 def _tflite_nearest(n_in: int, n_out: int, align: bool, half: bool) -> np.ndarray:
@@ -70,15 +66,37 @@ class _Exporter:
         """The value's parameters as TFLite stores them (uint8 -> int8, zero point - 128)."""
         p = self.g.values[name].quant
         if p is None:
-            raise UnsupportedError(f"value '{name}' is float; a full-integer TFLite model has no float "
-                                   f"activations (quantize every node, or leave out --keep-float)")
+            raise UnsupportedError(self.why_float(name))
         if p.dtype == "uint8":
             return QParams("int8", p.scale, p.zero_point.astype(np.int64) - 128, p.axis)
         if p.dtype != "int8":
-            raise UnsupportedError(f"value '{name}' is {p.dtype}; the int8 TFLite export takes int8 and uint8 "
-                                   f"values only (leave out --int16, or set concat_range_ratio=0 and "
-                                   f"norm_spread_codes=0)")
+            raise UnsupportedError(f"value '{name}' is {p.dtype}; the TFLite export writes int8 values only "
+                                   f"(quantize with --target tflite, which keeps every value in 8 bits)")
         return p
+
+    def why_float(self, name: str) -> str:
+        """Why a value has no parameters, naming the option or op that left it in float."""
+        meta = self.g.metadata.get("quantization", {})
+        asked = set(meta.get("config", {}).get("keep_float", []))
+        producer = next((n for n in self.g.nodes if name in n.outputs), None)
+        readers = [n for n in self.g.nodes if name in n.inputs]
+        what = f"value '{name}'" if producer else f"graph input '{name}'"
+        kept = [n.name for n in ([producer] if producer else readers) if n.name in asked]
+        if kept:
+            return (f"{what} is float: node '{kept[0]}' was kept in float by --keep-float; a full-integer TFLite "
+                    f"model has no float values: leave it out of --keep-float")
+        if producer is None:
+            return (f"graph input '{name}' is float: the nodes reading it ({', '.join(n.name for n in readers[:3])}) "
+                    f"were kept in float; a full-integer TFLite model has no float values")
+        return (f"value '{name}' is float: node '{producer.name}' ({producer.op}) has no int8 rule, so the "
+                f"quantizer kept it in float; a full-integer TFLite model has no float values")
+
+    def remedy(self) -> str:
+        """What to do about integers that are not TFLite's: quantize for TFLite, or, where that was
+        done, report it (never the option the user already gave)."""
+        if self.g.metadata.get("quantization", {}).get("config", {}).get("tflite_multipliers"):
+            return "it was quantized with TFLite's arithmetic, so this is an npuforge defect: please report it"
+        return "quantize with --target tflite"
 
     def dims(self, name: str) -> tuple:
         """The value's static shape; a symbolic dimension (the batch) is written as 1."""
@@ -94,6 +112,10 @@ class _Exporter:
     def activation(self, name: str) -> int:
         """The TFLite tensor of an activation, created on first use."""
         if name not in self.tensor:
+            v = self.g.values[name]
+            if v.quant is None and v.dtype in ("int32", "int64"):  # token ids, indices: int32 in TFLite
+                self.tensor[name] = self.w.tensor(name, self.shape(name), "int32")
+                return self.tensor[name]
             p = self.qp(name)
             self.tensor[name] = self.w.tensor(name, self.shape(name), "int8", quant=self.quant(p))
         return self.tensor[name]
@@ -131,8 +153,8 @@ class _Exporter:
         want_m, want_s = quantize_multiplier(real) if mean_count is None else tflite_mean_multiplier(real, mean_count)
         m, s = self.stored(node, f"multiplier{role}"), self.stored(node, f"shift{role}")
         if not (np.array_equal(m.reshape(-1), want_m) and np.array_equal(s.reshape(-1), want_s)):
-            _refuse(node, "its requantization multipliers are not the ones LiteRT derives from the scales "
-                          "(quantize with --tflite-multipliers, tflite_multipliers=True)")
+            _refuse(node, f"its requantization multipliers are not the ones LiteRT derives from the scales "
+                          f"({self.remedy()})")
 
     def fused(self, node, yq: QParams) -> int:
         """The TFLite fused activation whose saturation bounds equal the node's."""
@@ -142,7 +164,8 @@ class _Exporter:
             shift = 128 if self.g.values[node.outputs[0]].quant.dtype == "uint8" else 0
             want = (int(self.stored(node, "act_min")) - shift, int(self.stored(node, "act_max")) - shift)
         elif node.attrs.get("activation", ""):
-            _refuse(node, f"fused {node.attrs['activation']} without stored bounds")
+            _refuse(node, f"TFLite has no fused {node.attrs['activation']} (quantize with --target tflite, which "
+                          f"splits it off the convolution)")
         else:
             want = (yq.qmin, yq.qmax)
         for kind in ("", "Relu", "Relu6", "ReluN1To1"):
@@ -223,30 +246,43 @@ class _Exporter:
         else:
             self.op("CONV_2D", ins, outs, "Conv2DOptions", version=3, **common)
 
+    def matmul(self, node):
+        """A MatMul with a constant weight is a FULLY_CONNECTED (the quantizer's compute kind), one of
+        two activations a BATCH_MATMUL."""
+        if "weight" in node.quant:
+            return self.gemm(node)
+        return tensor_ops.batch_matmul(self, node)
+
     def gemm(self, node):
+        """Gemm, or MatMul by a constant [K, N] matrix: FULLY_CONNECTED; an input of rank > 2 keeps its
+        leading dimensions (KeepNumDims), taken in the IR's order."""
         g, a = self.g, node.attrs
         if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
             _refuse(node, "FULLY_CONNECTED has no transA, alpha or beta")
         x, wname = node.inputs[0], node.inputs[1]
+        if len(self.dims(wname)) != 2:
+            _refuse(node, "FULLY_CONNECTED takes one weight matrix (a constant of rank 2)")
         xq, yq, wq = self.qp(x), self.qp(node.outputs[0]), g.values[wname].quant
         if wq.dtype != "int8" or np.any(wq.zero_point != 0):
             _refuse(node, "TFLite's int8 FULLY_CONNECTED takes symmetric int8 weights (zero point 0)")
         w = self.stored(node, "weight").astype(np.int8)
-        w = w if a["transB"] else w.T  # TFLite: [units, depth]
+        w = w if a.get("transB", 0) else w.T  # TFLite: [units, depth] (a MatMul's weight is [depth, units])
         units = w.shape[0]
         real = np.float64(xq.scale) * wq.scale.astype(np.float64) / np.float64(yq.scale)
         self.check_multiplier(node, "", real)
         if "single_rounding" not in node.quant:
-            _refuse(node, "LiteRT's FULLY_CONNECTED rounds once; this node was quantized to round twice "
-                          "(quantize with --tflite-multipliers)")
+            _refuse(node, f"LiteRT's FULLY_CONNECTED rounds once; this node was quantized to round twice "
+                          f"({self.remedy()})")
         act = self.fused(node, yq)
         wt = self.const(wname, w, "int8", TensorQuant(np.atleast_1d(wq.scale), np.zeros(wq.scale.size, np.int64), 0))
         bias = self.stored(node, "bias") if "bias" in node.quant else np.zeros(units, np.int32)
         bscale = (np.float64(xq.scale) * np.atleast_1d(wq.scale).astype(np.float64)).astype(np.float32)
         bt = self.const(f"{wname}::bias", bias.astype(np.int32).reshape(units), "int32",
                         TensorQuant(bscale, np.zeros(bscale.size, np.int64), 0))
-        self.op("FULLY_CONNECTED", [self.nchw_order(x), wt, bt], [self.activation(node.outputs[0])],
-                "FullyConnectedOptions", version=5 if wq.per_channel else 4, FusedActivationFunction=act)
+        xt, keep = self.nchw_order(x), len(self.dims(x)) > 2
+        tensor_ops.write_in_ir_order(self, node.outputs[0], lambda out: self.op(
+            "FULLY_CONNECTED", [xt, wt, bt], [out], "FullyConnectedOptions", version=5 if wq.per_channel else 4,
+            FusedActivationFunction=act, KeepNumDims=keep))
 
     def operand(self, node, k: int) -> int:
         """Operand k of an elementwise op: an activation, or a constant stored as codes
@@ -268,8 +304,7 @@ class _Exporter:
         qs = [self.qp(i) for i in node.inputs[:2]]
         yq = self.qp(node.outputs[0])
         if "multiplierout" not in node.quant or int(self.stored(node, "left_shift")) != TFLITE_ADD_LEFT_SHIFT:
-            _refuse(node, "it was quantized with npuforge's own Add arithmetic, not TFLite's (quantize with "
-                          "--tflite-multipliers, tflite_multipliers=True)")
+            _refuse(node, f"it was quantized with npuforge's own Add arithmetic, not TFLite's ({self.remedy()})")
         for role, real in tflite_add_multipliers(qs[0].scale, qs[1].scale, yq.scale).items():
             self.check_multiplier(node, role, real)
         self.op("ADD" if node.op == "Add" else "SUB", [self.operand(node, 0), self.operand(node, 1)],
@@ -284,27 +319,20 @@ class _Exporter:
                 "MulOptions", version=2, FusedActivationFunction=0)
 
     def mean(self, node):
-        x, y = node.inputs[0], node.outputs[0]
-        shape = self.g.values[x].shape
+        x = node.inputs[0]
+        rank = len(self.dims(x))
         if node.op == "ReduceMean":
-            axes = sorted(int(v) % len(shape) for v in np.asarray(self.g.values[node.inputs[1]].data).reshape(-1))
-            if len(shape) != 4 or axes != [2, 3]:
-                _refuse(node, "TFLite's integer MEAN reduces H and W of a 4-D tensor")
-        xq, yq = self.qp(x), self.qp(y)
+            axes = sorted(int(v) % rank for v in np.asarray(self.g.values[node.inputs[1]].data).reshape(-1))
+        else:
+            axes = list(range(2, rank))
+        xq, yq = self.qp(x), self.qp(node.outputs[0])
         if "divisor" not in node.quant or int(self.stored(node, "divisor")) != 1 or \
                 int(self.stored(node, "extra_bits")) != 0:
-            _refuse(node, "it was quantized with npuforge's own averaging, not TFLite's MEAN (quantize with "
-                          "--tflite-multipliers)")
-        count = int(np.prod(self.dims(x)[2:]))
+            _refuse(node, f"it was quantized with npuforge's own averaging, not TFLite's MEAN ({self.remedy()})")
+        count = int(np.prod([self.dims(x)[a] for a in axes]))
         self.check_multiplier(node, "", np.float64(xq.scale) / np.float64(yq.scale), count)
-        keep = node.op == "GlobalAveragePool" or node.attrs.get("keepdims", 1)
-        n, c = self.dims(x)[:2]
-        out = self.activation(y) if keep else self.new_tensor(f"{y}::kept", (n, 1, 1, c), yq)
-        self.op("MEAN", [self.activation(x), self.int32s(f"{node.name}::axes", (1, 2))], [out],
-                "ReducerOptions", version=2, KeepDims=True)  # the reference integer kernel keeps the dims
-        if not keep:
-            self.op("RESHAPE", [out, self.int32s(f"{y}::shape", (n, c))], [self.activation(y)], "ReshapeOptions",
-                    NewShape=[n, c])
+        keep = node.op == "GlobalAveragePool" or bool(node.attrs.get("keepdims", 1))
+        tensor_ops.reduce(self, node, "MEAN", axes, keep)
 
     def pool(self, node):
         a = node.attrs
@@ -510,26 +538,23 @@ class _Exporter:
     def softmax(self, node):
         from ..quant.tflite_tables import fixed_output
 
-        x, y = node.inputs[0], node.outputs[0]
-        rank = len(self.dims(x))
-        axis = node.attrs["axis"] % rank
-        if axis != (1 if rank == 4 else rank - 1):
-            _refuse(node, "TFLite's SOFTMAX runs along the last (NHWC channel) axis")
-        yp = self.g.values[y].quant
+        yp = self.g.values[node.outputs[0]].quant
         if "tflite_softmax" not in node.quant or not fixed_output("Softmax", yp.dtype).same_as(yp):
-            _refuse(node, "it was quantized with npuforge's own Softmax, not TFLite's (quantize with "
-                          "--tflite-multipliers)")
-        self.op("SOFTMAX", [self.activation(x)], [self.activation(y)], "SoftmaxOptions", version=2, Beta=1.0)
+            _refuse(node, f"it was quantized with npuforge's own Softmax, not TFLite's ({self.remedy()})")
+        tensor_ops.softmax(self, node)
 
-    HANDLERS = {"Conv": conv, "Gemm": gemm, "Add": add, "Sub": add, "Mul": mul, "GlobalAveragePool": mean,
+    HANDLERS = {"Conv": conv, "Gemm": gemm, "MatMul": matmul, "Add": add, "Sub": add, "Mul": mul, "GlobalAveragePool": mean,
                 "ReduceMean": mean, "AveragePool": pool, "MaxPool": pool, "Flatten": reshape, "Reshape": reshape,
                 "Squeeze": reshape, "Unsqueeze": reshape, "Concat": concat, "Pad": pad, "Relu": activation_op,
                 "Clip": activation_op, "LeakyRelu": activation_op, "Sigmoid": activation_op, "Tanh": activation_op, "HardSwish": activation_op,
-                "Resize": resize, "Softmax": softmax, "Transpose": transpose, "Slice": slice, "Split": split}
+                "Resize": resize, "Softmax": softmax, "Transpose": transpose, "Slice": slice, "Split": split,
+                "Gather": lambda self, node: tensor_ops.gather(self, node),
+                "ReduceMax": lambda self, node: tensor_ops.reduce_select(self, node),
+                "ReduceMin": lambda self, node: tensor_ops.reduce_select(self, node)}
 
     # -- graph -------------------------------------------------------------------------
     def boundary(self, name: str, output: bool) -> int:
-        if self.io == "int8":
+        if self.io == "int8" or self.g.values[name].quant is None:  # (integer ids stay int32)
             return self.activation(name)
         t = self.w.tensor(f"{name}::float", self.shape(name), "float32")
         if output:
@@ -548,7 +573,8 @@ class _Exporter:
             if handler is None:
                 _refuse(node, "no TFLite mapping for this op yet (docs/tflite.md lists the ops written)")
             if not node.quant and node.op not in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Concat", "Pad",
-                                                  "MaxPool", "Resize", "Transpose", "Slice", "Split"):
+                                                  "MaxPool", "Resize", "Transpose", "Slice", "Split", "Gather",
+                                                  "ReduceMax", "ReduceMin"):
                 _refuse(node, "it was kept in float")
             handler(self, node)
         outputs = [self.boundary(name, output=True) for name in g.outputs]

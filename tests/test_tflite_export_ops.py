@@ -1,0 +1,184 @@
+"""The TFLite mappings for sequence / transformer ops and ``quantize --target tflite``, against
+LiteRT's reference kernels (as tests/test_tflite_vs_litert.py): each small module is quantized
+for TFLite on seeded random data, exported, and run on fresh inputs; every output code must
+equal the integer simulator's. Shapes are drawn from a seeded generator per case.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+pytest.importorskip("ai_edge_litert.interpreter", reason="LiteRT (ai-edge-litert) is not installed")
+
+import npuforge  # noqa: E402
+from npuforge.export.litert_check import compare, interpreter, run_litert  # noqa: E402
+from npuforge.export.tflite_export import to_tflite  # noqa: E402
+from npuforge.passes import optimize  # noqa: E402
+from npuforge.quant import QuantConfig  # noqa: E402
+from npuforge.sim.integer import IntegerSimulator, quantize_input  # noqa: E402
+
+TARGET = QuantConfig(target="tflite")
+
+
+class Lambda(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *xs):
+        return self.fn(*xs)
+
+
+def _feed(rng, shape, ids: int, scale: float):
+    """A float input, or token ids below ``ids`` (int64) when ``ids`` is set."""
+    if ids:
+        return rng.integers(0, ids, shape).astype(np.int64)
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def exported(module: nn.Module, shapes: list, ids: int = 0, seed: int = 0, config: QuantConfig = TARGET):
+    """(quantized IR, .tflite bytes) of ``module`` calibrated on seeded inputs of ``shapes``."""
+    rng = np.random.default_rng(seed)
+    example = tuple(torch.from_numpy(_feed(rng, s, ids, 1.0)) for s in shapes)
+    graph = npuforge.from_torch(module.eval(), example if len(example) > 1 else example[0], dynamic_batch=False)
+    calib = [{n: _feed(rng, s, ids, 1.0) for n, s in zip(graph.inputs, shapes)} for _ in range(4)]
+    q = npuforge.quantize(graph, calib, config, log=lambda m: None)
+    return q, to_tflite(q)
+
+
+def assert_bit_exact(module: nn.Module, shapes: list, ids: int = 0, seed: int = 0, runs: int = 2,
+                     config: QuantConfig = TARGET):
+    q, model = exported(module, shapes, ids, seed, config)
+    sim, it = IntegerSimulator(q), interpreter(model)
+    rng = np.random.default_rng(seed + 1)
+    for _ in range(runs):
+        raw = {n: _feed(rng, s, ids, 1.2) for n, s in zip(q.inputs, shapes)}
+        feeds = {n: a if ids else quantize_input(a, q.values[n].quant) for n, a in raw.items()}
+        ours = sim.run(feeds, dequantize=False)
+        theirs = run_litert(it, [feeds[n].astype(np.int32) if ids else feeds[n] for n in q.inputs])
+        for name, t in zip(q.outputs, theirs):
+            o = ours[name].astype(np.int64)
+            assert o.shape == t.shape, name
+            diff = np.flatnonzero(o != t.astype(np.int64))
+            assert diff.size == 0, f"{name}: {diff.size} of {o.size} codes differ, first at {diff[:3]}"
+    return q, model
+
+
+def op_names(model: bytes) -> list:
+    from npuforge.export.cli import _tflite_ops
+
+    return _tflite_ops(model)
+
+
+def dims(rng, rank: int, low: int = 1, high: int = 9) -> tuple:
+    return tuple(int(d) for d in rng.integers(low, high, rank))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_batch_matmul_of_two_activations(seed):
+    rng = np.random.default_rng(seed)
+    b, m, k, n = dims(rng, 4, 2)
+    shapes = {0: [(1, m, k), (1, k, n)], 1: [(1, b, m, k), (1, b, k, n)], 2: [(b, m, k), (k, n)]}[seed]
+    _, model = assert_bit_exact(Lambda(lambda x, y: x @ y), shapes, seed=seed)
+    assert "BATCH_MATMUL" in op_names(model)
+
+
+@pytest.mark.parametrize("shape", [(1, 5, 16), (1, 3, 4, 16), (2, 7, 16)])
+def test_matmul_by_a_constant_is_fully_connected_keeping_leading_dims(shape):
+    _, model = assert_bit_exact(nn.Linear(16, 6), [shape])
+    assert "FULLY_CONNECTED" in op_names(model)
+
+
+@pytest.mark.parametrize("shape,dim", [((1, 7, 5), 1), ((1, 3, 7, 5), 2), ((1, 3, 7, 5), 3), ((1, 3, 7, 5), 1),
+                                       ((2, 4, 9), 0)])
+def test_softmax_on_any_axis(shape, dim):
+    _, model = assert_bit_exact(nn.Softmax(dim), [shape])
+    assert "SOFTMAX" in op_names(model)
+
+
+@pytest.mark.parametrize("shape,axes,keep", [((1, 6, 10), (-1,), False), ((1, 6, 10), (-1,), True),
+                                             ((1, 6, 4, 5), (1,), True), ((1, 6, 4, 5), (2,), False),
+                                             ((1, 6, 4, 5), (1, 3), False), ((2, 3, 8), (1, 2), False)])
+def test_mean_over_any_axes(shape, axes, keep):
+    _, model = assert_bit_exact(Lambda(lambda x: x.mean(axes, keepdim=keep)), [shape])
+    assert "MEAN" in op_names(model)
+
+
+@pytest.mark.parametrize("fn,op", [(lambda x: x.amax(-1), "REDUCE_MAX"), (lambda x: x.amin((2, 3)), "REDUCE_MIN"),
+                                   (lambda x: x.amax(1, keepdim=True), "REDUCE_MAX")])
+def test_reduce_max_and_min_select_codes(fn, op):
+    _, model = assert_bit_exact(Lambda(fn), [(1, 6, 4, 5)])
+    assert op in op_names(model)
+
+
+@pytest.mark.parametrize("alpha", [0.01, 0.2, 1.5])
+def test_leaky_relu_standalone_and_split_off_a_convolution(alpha):
+    _, model = assert_bit_exact(nn.LeakyReLU(alpha), [(1, 4, 5, 5)])
+    assert op_names(model) == ["LEAKY_RELU"]
+    _, model = assert_bit_exact(nn.Sequential(nn.Conv2d(4, 6, 3), nn.LeakyReLU(alpha)), [(1, 4, 7, 7)])
+    assert op_names(model) == ["CONV_2D", "LEAKY_RELU"]
+
+
+def test_fused_leaky_relu_without_target_names_the_switch():
+    conv = nn.Sequential(nn.Conv2d(4, 6, 3), nn.LeakyReLU(0.1))
+    with pytest.raises(npuforge.NpuforgeError, match=r"Conv.*no fused LeakyRelu.*--target tflite"):
+        exported(conv, [(1, 4, 7, 7)], config=QuantConfig(activation_dtype="int8", tflite_multipliers=True))
+
+
+@pytest.mark.parametrize("fn,op", [(lambda x: torch.sigmoid(x).reshape(1, -1), "LOGISTIC"),
+                                   (lambda x: torch.tanh(x).flatten(1), "TANH"),
+                                   (lambda x: torch.softmax(x, -1).reshape(1, -1), "SOFTMAX")])
+def test_fixed_output_grid_is_looked_up_through_a_reshape(fn, op):
+    """A Sigmoid / Tanh / Softmax feeding the graph output through a Reshape gets TFLite's output grid
+    (it used to keep its calibrated one: a table, or a refusal for SOFTMAX)."""
+    q, model = assert_bit_exact(Lambda(fn), [(1, 4, 3, 3)])
+    assert op in op_names(model) and "GATHER" not in op_names(model)
+
+
+class Embed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table, self.head = nn.Embedding(50, 16), nn.Linear(16, 4)
+
+    def forward(self, ids):
+        return self.head(self.table(ids))
+
+
+def test_token_ids_gather_an_embedding_table():
+    q, model = assert_bit_exact(Embed(), [(1, 7)], ids=50)
+    assert op_names(model)[0] == "GATHER"
+    it = interpreter(model)
+    assert it.get_input_details()[0]["dtype"] == np.int32
+    # the float-io file keeps its int32 ids input; compare() feeds integer inputs as they are
+    floats = to_tflite(q, io="float")
+    assert interpreter(floats).get_input_details()[0]["dtype"] == np.int32
+    batches = [{q.inputs[0]: np.random.default_rng(s).integers(0, 50, (1, 7))} for s in range(2)]
+    report = compare(q, model, batches)
+    assert report["bit_exact_samples"] == 2 and report["codes_differing"] == 0
+
+
+def test_class_token_is_a_gather_at_a_constant_index():
+    _, model = assert_bit_exact(nn.Sequential(Lambda(lambda x: x[:, 0]), nn.Linear(8, 3)), [(1, 5, 8)])
+    assert "GATHER" in op_names(model)
+
+
+def test_a_float_value_names_its_node_and_the_option_that_kept_it():
+    module = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Conv2d(4, 4, 1))
+    graph = optimize(npuforge.from_torch(module.eval(), torch.zeros(1, 3, 4, 4), dynamic_batch=False))[0]
+    calib = [{graph.inputs[0]: np.random.default_rng(0).standard_normal((1, 3, 4, 4)).astype(np.float32)}]
+    q = npuforge.quantize(graph, calib, QuantConfig(target="tflite", keep_float=[graph.nodes[0].name]),
+                          log=lambda m: None)
+    with pytest.raises(npuforge.NpuforgeError, match=r"kept in float by --keep-float.*leave it out"):
+        to_tflite(q)
+
+
+def test_target_tflite_settles_the_options():
+    c = QuantConfig(target="tflite", activation_dtype="uint8", concat_range_ratio=16)
+    assert c.tflite_multipliers and c.activation_dtype == "int8" and c.concat_range_ratio == 0 == c.norm_spread_codes
+    with pytest.raises(npuforge.NpuforgeError, match="int16"):
+        QuantConfig(target="tflite", int16=["x"])
+    with pytest.raises(npuforge.NpuforgeError, match="target='tflite2' is not one of"):
+        QuantConfig(target="tflite2")
