@@ -182,3 +182,44 @@ def test_target_tflite_settles_the_options():
         QuantConfig(target="tflite", int16=["x"])
     with pytest.raises(npuforge.NpuforgeError, match="target='tflite2' is not one of"):
         QuantConfig(target="tflite2")
+
+
+class Detector(nn.Module):
+    """A fused LeakyRelu, a Concat of far-apart ranges (int16 by default), a Reshape folding a symbolic batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.act = nn.Conv2d(3, 8, 3, 2), nn.LeakyReLU(0.1)
+        self.boxes, self.scores = nn.Conv2d(8, 4, 1), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        y = self.act(self.stem(x))
+        scores = torch.sigmoid(self.scores(y))
+        return torch.cat([self.boxes(y) * 100, scores], 1).flatten(1), scores.reshape(1, -1)
+
+
+def test_quantize_target_tflite_always_exports(tmp_path, capsys):
+    from PIL import Image
+
+    from npuforge.cli import main
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "images" / "a").mkdir(parents=True)
+    for i in range(4):
+        Image.fromarray(rng.integers(0, 255, (40, 48, 3), dtype=np.uint8)).save(tmp_path / "images" / "a" / f"{i}.png")
+    torch.manual_seed(0)
+    npuforge.export_onnx(Detector().eval(), torch.zeros(1, 3, 32, 32), str(tmp_path / "det.onnx"))
+    common = ["--calib", str(tmp_path / "images"), "--num-calib", "4", "-q"]
+    assert main(["quantize", str(tmp_path / "det.onnx"), *common, "--tflite-multipliers", "-o",
+                 str(tmp_path / "plain.nfir")]) == 0
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "plain.nfir"), "--format", "tflite", "-o", str(tmp_path / "p.tflite")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--target tflite" in err and "--tflite-multipliers" not in err and err.count("\n") == 0
+    assert main(["quantize", str(tmp_path / "det.onnx"), *common, "--target", "tflite", "-o",
+                 str(tmp_path / "q.nfir")]) == 0
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "q.nfir"), "--format", "tflite", "-o", str(tmp_path / "q.tflite"),
+                 "--check-litert", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "3/3 random inputs bit-exact, 0 of" in out and "LEAKY_RELU" in out

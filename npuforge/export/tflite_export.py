@@ -99,8 +99,10 @@ class _Exporter:
         return "quantize with --target tflite"
 
     def dims(self, name: str) -> tuple:
-        """The value's static shape; a symbolic dimension (the batch) is written as 1."""
-        return tuple(d if isinstance(d, int) else 1 for d in self.g.values[name].shape)
+        """The value's static shape, every symbol (the batch) 1: a symbolic dimension is a product
+        such as 'N*900' (a Reshape that folds the batch in), written as 900."""
+        return tuple(d if isinstance(d, int) else int(np.prod([int(p) for p in d.split("*") if p.lstrip("-").isdigit()]))
+                     for d in self.g.values[name].shape)
 
     def shape(self, name: str) -> tuple:
         shape = self.dims(name)
