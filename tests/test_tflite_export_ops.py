@@ -138,6 +138,28 @@ def test_fixed_output_grid_is_looked_up_through_a_reshape(fn, op):
     assert op in op_names(model) and "GATHER" not in op_names(model)
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_prelu_as_relu_sub_mul_add(seed):
+    rng = np.random.default_rng(seed)
+    c, h, w = dims(rng, 3, 2)
+    prelu = nn.PReLU(c)
+    with torch.no_grad():
+        prelu.weight.uniform_(-0.5, 0.5)
+    _, model = assert_bit_exact(nn.Sequential(nn.Conv2d(3, c, 1), prelu), [(1, 3, h, w)], seed=seed)
+    assert op_names(model) == ["CONV_2D", "RELU", "SUB", "MUL", "ADD"]
+
+
+@pytest.mark.parametrize("shape,normalized", [((1, 5, 16), (16,)), ((2, 4, 12), (4, 12)), ((1, 3, 7, 8), (8,))])
+def test_layer_norm_as_builtins(shape, normalized):
+    norm = nn.LayerNorm(normalized)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.3, 0.3)
+    _, model = assert_bit_exact(norm, [shape])
+    ops = op_names(model)
+    assert ops.count("MEAN") == 2 and "GATHER" in ops  # mean, variance; the table of v ^ -0.5
+
+
 class Embed(nn.Module):
     def __init__(self):
         super().__init__()

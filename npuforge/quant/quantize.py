@@ -38,7 +38,7 @@ from .params import QParams, QRANGES, from_range, weight_params
 from .ort_multipliers import match_multipliers
 from .requant import (TFLITE_ADD_LEFT_SHIFT, activation_code_bounds, requant_multiplier, tflite_add_multipliers,
                       tflite_mean_multiplier)
-from .tflite_rewrites import split_fused_leaky_relu
+from .tflite_rewrites import decompose_for_tflite, split_fused_leaky_relu
 from .tflite_tables import fixed_output, tflite_table
 
 
@@ -465,6 +465,7 @@ def quantize(model, data, config=None, *, optimize: bool = True, progress=None, 
     config = config if isinstance(config, QuantConfig) else QuantConfig.from_dict(dict(config or {}))
     if config.target == "tflite":
         split_fused_leaky_relu(graph)
+        decompose_for_tflite(graph)
     steps = {}
     if config.equalize:
         _step(steps, "equalize", None, equalize, graph)

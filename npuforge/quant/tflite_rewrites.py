@@ -1,16 +1,25 @@
-"""Float-graph rewrites before quantizing for the TFLite export (``target='tflite'``).
+"""Float-graph rewrites before quantizing for the TFLite export (``target='tflite'``): each turns
+an op whose integer program has no TFLite form into ops that have one, so that the quantized
+graph's every node is a TFLite builtin's integer program (and the simulator equals LiteRT).
 
-npuforge fuses a LeakyRelu into the Conv / Gemm before it and requantizes negative
-accumulators with a second multiplier; TFLite has no fused LeakyRelu, so that integer
-program has no TFLite form. Quantizing for TFLite splits the activation off again:
-the convolution then gets its own output grid and the LeakyRelu becomes a table
-(LiteRT's LEAKY_RELU arithmetic, quant/tflite_tables.py), both of which the export
-writes as they are.
+* A fused LeakyRelu: npuforge requantizes a Conv / Gemm's negative accumulators with a second
+  multiplier; TFLite has no fused LeakyRelu. Split off again, the convolution gets its own
+  output grid and the LeakyRelu becomes LiteRT's LEAKY_RELU (quant/tflite_tables.py).
+* PRelu (npuforge keeps it in float): ``Relu(x) + slope * (x - Relu(x))``, i.e. RELU, SUB,
+  MUL by the constant slope, ADD, the same function in float, each step requantized.
+* LayerNormalization (npuforge's integer rule, an exact integer mean, variance and square root,
+  is no TFLite program): ``d = x - mean(x)``, ``d * (mean(d * d) + eps) ^ -0.5 * scale + bias``
+  as MEAN, SUB, MUL, MEAN, ADD, a table of ``v ^ -0.5`` (GATHER), MUL, MUL, ADD: the same function
+  in float, each step requantized on its calibrated grid (the int8 variance costs accuracy:
+  docs/tflite.md gives the measured figure).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir.graph import Node, Value
+from ..ops.registry import get_op
 
 
 def split_fused_leaky_relu(graph) -> int:
@@ -30,3 +39,84 @@ def split_fused_leaky_relu(graph) -> int:
         node.outputs = [pre.name]
         split += 1
     return split
+
+
+class _Builder:
+    """Appends float nodes in place of one node, each output a new value of the given shape."""
+
+    def __init__(self, graph, node):
+        self.g, self.node, self.nodes = graph, node, []
+
+    def const(self, role: str, data) -> str:
+        name = self.g.unique_name(f"{self.node.name}::{role}")
+        self.g.add_const(name, np.asarray(data, np.float32))
+        return name
+
+    def op(self, op: str, inputs: list, shape, out: str | None = None, **attrs) -> str:
+        dtype = self.g.values[inputs[0]].dtype
+        if out is None:
+            out = self.g.unique_name(f"{self.node.name}::{op.lower()}")
+            self.g.add_value(Value(out, dtype, tuple(shape)))
+        self.nodes.append(Node(f"{self.node.name}::{op}_{len(self.nodes)}", op, inputs, [out],
+                               {**get_op(op).attrs, **attrs}))
+        return out
+
+
+def _replace(graph, rewrite) -> int:
+    """Each node for which ``rewrite(builder)`` returns True is replaced by the builder's nodes."""
+    nodes, count = [], 0
+    for node in graph.nodes:
+        b = _Builder(graph, node)
+        if rewrite(b):
+            nodes += b.nodes
+            count += 1
+        else:
+            nodes.append(node)
+    graph.nodes = nodes
+    return count
+
+
+def _prelu(b: _Builder) -> bool:
+    node, g = b.node, b.g
+    if node.op != "PRelu" or not g.values[node.inputs[1]].is_const:
+        return False
+    x, slope = node.inputs
+    shape = g.values[x].shape
+    pos = b.op("Relu", [x], shape)
+    neg = b.op("Sub", [x, pos], shape)
+    scaled = b.op("Mul", [neg, slope], shape)
+    b.op("Add", [pos, scaled], shape, out=node.outputs[0])
+    return True
+
+
+def _layer_norm(b: _Builder) -> bool:
+    node, g = b.node, b.g
+    params = [i for i in node.inputs[1:] if i]
+    if node.op != "LayerNormalization" or len([o for o in node.outputs if o]) != 1 or \
+            not all(g.values[i].is_const for i in params):
+        return False
+    x = node.inputs[0]
+    shape = g.values[x].shape
+    rank = len(shape)
+    axes = list(range(node.attrs["axis"] % rank, rank))
+    kept = tuple(1 if k in axes else d for k, d in enumerate(shape))
+    axes_t = b.g.unique_name(f"{node.name}::axes")
+    g.add_const(axes_t, np.asarray(axes, np.int64))
+    mean = b.op("ReduceMean", [x, axes_t], kept, keepdims=1)
+    d = b.op("Sub", [x, mean], shape)
+    var = b.op("ReduceMean", [b.op("Mul", [d, d], shape), axes_t], kept, keepdims=1)
+    shifted = b.op("Add", [var, b.const("epsilon", node.attrs["epsilon"])], kept)
+    inv = b.op("Pow", [shifted, b.const("minus_half", -0.5)], kept)
+    y = node.outputs[0]
+    scale = node.inputs[1]
+    bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""
+    normed = b.op("Mul", [d, inv], shape)
+    scaled = b.op("Mul", [normed, scale], shape, out=None if bias else y)
+    if bias:
+        b.op("Add", [scaled, bias], shape, out=y)
+    return True
+
+
+def decompose_for_tflite(graph) -> dict:
+    """PRelu and LayerNormalization as TFLite builtins' float functions, in place; -> counts."""
+    return {"PRelu": _replace(graph, _prelu), "LayerNormalization": _replace(graph, _layer_norm)}
