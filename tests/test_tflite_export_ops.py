@@ -160,6 +160,49 @@ def test_layer_norm_as_builtins(shape, normalized):
     assert ops.count("MEAN") == 2 and "GATHER" in ops  # mean, variance; the table of v ^ -0.5
 
 
+class Boxes(nn.Module):
+    """A detector head: box regressors whose range is far from the scores' (int16 Concat by default)."""
+
+    def __init__(self, add_after: bool = False):
+        super().__init__()
+        self.add_after = add_after
+        self.stem, self.boxes, self.scores = nn.Conv2d(3, 8, 3, 2), nn.Conv2d(8, 4, 1), nn.Conv2d(8, 4, 1)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        with torch.no_grad():
+            self.boxes.weight.mul_(100)
+            self.boxes.bias.mul_(100)
+
+    def forward(self, x):
+        y = torch.relu(self.stem(x))
+        boxes = self.boxes(y) + self.scores(y) if self.add_after else self.boxes(y)
+        parts = [boxes, torch.sigmoid(self.scores(y)), self.dw(y)[:, :2]]
+        return torch.cat(parts, 1).flatten(2).transpose(1, 2)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_int16_concat_runs_in_16x8_mode(seed):
+    """CONV_2D / DEPTHWISE_CONV_2D with int16 outputs (their int8 inputs widened by QUANTIZE), a table
+    into int16 (GATHER), STRIDED_SLICE, CONCATENATION, RESHAPE, TRANSPOSE on int16 codes."""
+    rng = np.random.default_rng(seed)
+    h, w = dims(rng, 2, 9, 20)
+    q, model = assert_bit_exact(Boxes(), [(1, 3, h, w)], seed=seed)
+    assert q.values[q.outputs[0]].quant.dtype == "int16"
+    assert interpreter(model).get_output_details()[0]["dtype"] == np.int16
+    ops = op_names(model)
+    assert {"QUANTIZE", "CONV_2D", "DEPTHWISE_CONV_2D", "CONCATENATION"} <= set(ops)
+
+
+def test_int16_group_without_a_16x8_program_stays_8_bit():
+    notes = []
+    graph = npuforge.from_torch(Boxes(add_after=True).eval(), torch.zeros(1, 3, 12, 12), dynamic_batch=False)
+    calib = [{graph.inputs[0]: np.random.default_rng(s).standard_normal((1, 3, 12, 12)).astype(np.float32)}
+             for s in range(3)]
+    q = npuforge.quantize(graph, calib, TARGET, log=notes.append)
+    assert all(v.quant.dtype == "int8" for v in q.values.values() if v.quant is not None and not v.is_const)
+    assert any("stay 8-bit for TFLite" in n and "(Add)" in n for n in notes), notes
+    to_tflite(q)
+
+
 class Embed(nn.Module):
     def __init__(self):
         super().__init__()
@@ -198,10 +241,8 @@ def test_a_float_value_names_its_node_and_the_option_that_kept_it():
 
 
 def test_target_tflite_settles_the_options():
-    c = QuantConfig(target="tflite", activation_dtype="uint8", concat_range_ratio=16)
-    assert c.tflite_multipliers and c.activation_dtype == "int8" and c.concat_range_ratio == 0 == c.norm_spread_codes
-    with pytest.raises(npuforge.NpuforgeError, match="int16"):
-        QuantConfig(target="tflite", int16=["x"])
+    c = QuantConfig(target="tflite", activation_dtype="uint8")
+    assert c.tflite_multipliers and c.activation_dtype == "int8" and c.norm_spread_codes == 0
     with pytest.raises(npuforge.NpuforgeError, match="target='tflite2' is not one of"):
         QuantConfig(target="tflite2")
 

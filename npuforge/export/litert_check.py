@@ -34,8 +34,11 @@ def run_litert(it, codes: list) -> list:
 
 
 def tflite_codes(graph, name: str, codes: np.ndarray) -> np.ndarray:
-    """A value's simulator codes as the int8 TFLite export stores them (uint8 - 128)."""
-    shift = 128 if graph.values[name].quant.dtype == "uint8" else 0
+    """A value's simulator codes as the TFLite export stores them (uint8 - 128; int16 as they are)."""
+    p = graph.values[name].quant
+    if p.dtype == "int16":  # TFLite's 16x8 mode: the codes themselves
+        return codes.astype(np.int16)
+    shift = 128 if p.dtype == "uint8" else 0
     return (codes.astype(np.int16) - shift).astype(np.int8)
 
 

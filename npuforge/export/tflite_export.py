@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import NpuforgeError, UnsupportedError
 from ..quant.fixedpoint import round_half_away
 from ..quant.params import QParams
+from ..quant.tflite_16x8 import WIDENING_BITS, multiplier_16x8
 from ..quant.tflite_tables import activation_range
 from ..quant.requant import TFLITE_ADD_LEFT_SHIFT, quantize_multiplier, tflite_add_multipliers, tflite_mean_multiplier
 from .tflite_layout import NCHW_TO_NHWC as _NCHW_TO_NHWC, NHWC_AXIS as _NHWC_AXIS, refuse as _refuse, same_order
@@ -57,8 +58,11 @@ class _Exporter:
         if not any(v.quant is not None for v in graph.values.values()):
             raise NpuforgeError(f"graph '{graph.name}' is not quantized; quantize it first (npuforge quantize)")
         self.g, self.io = graph, io
+        # quantized with target='tflite': its int16 values are the ones the 16x8 mode writes (quant/tflite_16x8.py)
+        self.for_tflite = graph.metadata.get("quantization", {}).get("config", {}).get("target") == "tflite"
         self.w = TFLiteWriter()
         self.tensor: dict[str, int] = {}  # IR value -> TFLite tensor (4-D activations in NHWC)
+        self.widened: dict[int, int] = {}  # int8 tensor -> its exact int16 copy (16x8 inputs)
         self.B, self.O = _codes()
 
     # -- values ------------------------------------------------------------------------
@@ -69,9 +73,12 @@ class _Exporter:
             raise UnsupportedError(self.why_float(name))
         if p.dtype == "uint8":
             return QParams("int8", p.scale, p.zero_point.astype(np.int64) - 128, p.axis)
+        if p.dtype == "int16" and self.for_tflite and not np.any(p.zero_point):  # TFLite's 16x8 mode
+            return p
         if p.dtype != "int8":
-            raise UnsupportedError(f"value '{name}' is {p.dtype}; the TFLite export writes int8 values only "
-                                   f"(quantize with --target tflite, which keeps every value in 8 bits)")
+            raise UnsupportedError(f"value '{name}' is {p.dtype}; the TFLite export writes int8 values, and int16 "
+                                   f"ones where LiteRT's 16x8 kernels compute npuforge's integers (quantize with "
+                                   f"--target tflite, which keeps int16 only there)")
         return p
 
     def why_float(self, name: str) -> str:
@@ -119,11 +126,11 @@ class _Exporter:
                 self.tensor[name] = self.w.tensor(name, self.shape(name), "int32")
                 return self.tensor[name]
             p = self.qp(name)
-            self.tensor[name] = self.w.tensor(name, self.shape(name), "int8", quant=self.quant(p))
+            self.tensor[name] = self.w.tensor(name, self.shape(name), p.dtype, quant=self.quant(p))
         return self.tensor[name]
 
     def new_tensor(self, name: str, shape, p: QParams) -> int:
-        return self.w.tensor(name, shape, "int8", quant=self.quant(p))
+        return self.w.tensor(name, shape, p.dtype, quant=self.quant(p))
 
     def const(self, name: str, data: np.ndarray, dtype: str, p: TensorQuant | None = None) -> int:
         return self.w.tensor(name, data.shape, dtype, data=data.astype(dtype), quant=p)
@@ -150,9 +157,12 @@ class _Exporter:
         return out
 
     # -- checks ------------------------------------------------------------------------
-    def check_multiplier(self, node, role: str, real, mean_count: int | None = None) -> None:
+    def check_multiplier(self, node, role: str, real, mean_count: int | None = None, wide: bool = False) -> None:
         real = np.atleast_1d(np.asarray(real, np.float64))
-        want_m, want_s = quantize_multiplier(real) if mean_count is None else tflite_mean_multiplier(real, mean_count)
+        if wide:  # LiteRT's 16x8 requantization (quant/tflite_16x8.py)
+            want_m, want_s = multiplier_16x8(real)
+        else:
+            want_m, want_s = quantize_multiplier(real) if mean_count is None else tflite_mean_multiplier(real, mean_count)
         m, s = self.stored(node, f"multiplier{role}"), self.stored(node, f"shift{role}")
         if not (np.array_equal(m.reshape(-1), want_m) and np.array_equal(s.reshape(-1), want_s)):
             _refuse(node, f"its requantization multipliers are not the ones LiteRT derives from the scales "
@@ -210,6 +220,26 @@ class _Exporter:
             self.op("PADV2", ins + [fill_t], [padded], "PadV2Options", version=2)
         return Padding.VALID, padded
 
+    def compute_io(self, node, xt: int, xq: QParams, wscale, units: int) -> tuple:
+        """(input tensor, bias tensor, 16x8?) of a CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED: the int8
+        input and int32 biases; for an int16 output TFLite's 16x8 mode: the input widened exactly
+        (QUANTIZE to the grid s_x / 2^7, zero point 0: each code minus its zero point, times 2^7) and
+        int64 biases at the widened scale (codes times 2^7)."""
+        wide = self.g.values[node.outputs[0]].quant.dtype == "int16"
+        bias = (self.stored(node, "bias").astype(np.int64).reshape(units) if "bias" in node.quant
+                else np.zeros(units, np.int64))
+        scale = np.float64(xq.scale)
+        if wide:
+            p16 = QParams("int16", np.float32(np.float32(xq.scale) / (1 << WIDENING_BITS)), np.int32(0))
+            if xt not in self.widened:  # one QUANTIZE per int8 tensor, whoever reads it widened
+                self.widened[xt] = self.new_tensor(f"{self.w.tensors[xt].name}::int16", self.w.tensors[xt].shape, p16)
+                self.op("QUANTIZE", [xt], [self.widened[xt]], version=4)
+            xt, bias, scale = self.widened[xt], bias << WIDENING_BITS, np.float64(p16.scale)
+        bscale = (scale * np.atleast_1d(wscale).astype(np.float64)).astype(np.float32)
+        bt = self.const(f"{node.inputs[1]}::bias", bias, "int64" if wide else "int32",
+                        TensorQuant(bscale, np.zeros(bscale.size, np.int64), 0))
+        return xt, bt, wide
+
     def conv(self, node):
         g, a = self.g, node.attrs
         x, wname = node.inputs[0], node.inputs[1]
@@ -227,26 +257,23 @@ class _Exporter:
         if group > 1 and not depthwise:
             _refuse(node, f"grouped convolution (group {group}) has no TFLite builtin")
         real = np.float64(xq.scale) * wq.scale.astype(np.float64) / np.float64(yq.scale)
-        self.check_multiplier(node, "", real)
+        self.check_multiplier(node, "", real, wide=yq.dtype == "int16")
         act = self.fused(node, yq)
         padding, xt = self.padding(node, x, a["kernel_shape"], a["strides"], a["dilations"], a["pads"], 0)
         axis = 3 if depthwise else 0
         wdata = w.transpose(1, 2, 3, 0) if depthwise else w.transpose(0, 2, 3, 1)
         wt = self.const(wname, wdata, "int8", TensorQuant(np.broadcast_to(wq.scale, (cout,)),
                                                           np.zeros(cout, np.int64), axis))
-        bias = self.stored(node, "bias") if "bias" in node.quant else np.zeros(cout, np.int32)
-        bscale = (np.float64(xq.scale) * np.broadcast_to(wq.scale, (cout,)).astype(np.float64)).astype(np.float32)
-        bt = self.const(f"{wname}::bias", bias.astype(np.int32).reshape(cout), "int32",
-                        TensorQuant(bscale, np.zeros(cout, np.int64), 0))
+        xt, bt, wide = self.compute_io(node, xt, xq, np.broadcast_to(wq.scale, (cout,)), cout)
         common = dict(Padding=padding, StrideH=a["strides"][0], StrideW=a["strides"][1],
                       DilationHFactor=a["dilations"][0], DilationWFactor=a["dilations"][1],
                       FusedActivationFunction=act)
         ins, outs = [xt, wt, bt], [self.activation(node.outputs[0])]
         if depthwise:
-            self.op("DEPTHWISE_CONV_2D", ins, outs, "DepthwiseConv2DOptions", version=3,
+            self.op("DEPTHWISE_CONV_2D", ins, outs, "DepthwiseConv2DOptions", version=5 if wide else 3,
                     DepthMultiplier=cout // cin, **common)
         else:
-            self.op("CONV_2D", ins, outs, "Conv2DOptions", version=3, **common)
+            self.op("CONV_2D", ins, outs, "Conv2DOptions", version=4 if wide else 3, **common)
 
     def matmul(self, node):
         """A MatMul with a constant weight is a FULLY_CONNECTED (the quantizer's compute kind), one of
@@ -271,20 +298,17 @@ class _Exporter:
         w = w if a.get("transB", 0) else w.T  # TFLite: [units, depth] (a MatMul's weight is [depth, units])
         units = w.shape[0]
         real = np.float64(xq.scale) * wq.scale.astype(np.float64) / np.float64(yq.scale)
-        self.check_multiplier(node, "", real)
+        self.check_multiplier(node, "", real, wide=yq.dtype == "int16")
         if "single_rounding" not in node.quant:
             _refuse(node, f"LiteRT's FULLY_CONNECTED rounds once; this node was quantized to round twice "
                           f"({self.remedy()})")
         act = self.fused(node, yq)
         wt = self.const(wname, w, "int8", TensorQuant(np.atleast_1d(wq.scale), np.zeros(wq.scale.size, np.int64), 0))
-        bias = self.stored(node, "bias") if "bias" in node.quant else np.zeros(units, np.int32)
-        bscale = (np.float64(xq.scale) * np.atleast_1d(wq.scale).astype(np.float64)).astype(np.float32)
-        bt = self.const(f"{wname}::bias", bias.astype(np.int32).reshape(units), "int32",
-                        TensorQuant(bscale, np.zeros(bscale.size, np.int64), 0))
-        xt, keep = self.nchw_order(x), len(self.dims(x)) > 2
+        xt, bt, wide = self.compute_io(node, self.nchw_order(x), xq, wq.scale, units)
+        keep = len(self.dims(x)) > 2
         tensor_ops.write_in_ir_order(self, node.outputs[0], lambda out: self.op(
-            "FULLY_CONNECTED", [xt, wt, bt], [out], "FullyConnectedOptions", version=5 if wq.per_channel else 4,
-            FusedActivationFunction=act, KeepNumDims=keep))
+            "FULLY_CONNECTED", [xt, wt, bt], [out], "FullyConnectedOptions",
+            version=7 if wide else 5 if wq.per_channel else 4, FusedActivationFunction=act, KeepNumDims=keep))
 
     def operand(self, node, k: int) -> int:
         """Operand k of an elementwise op: an activation, or a constant stored as codes
@@ -418,6 +442,8 @@ class _Exporter:
 
         x, y = node.inputs[0], node.outputs[0]
         xp, yp = self.g.values[x].quant, self.g.values[y].quant
+        if "int16" in (xp.dtype, yp.dtype):  # an int8 -> int16 table: no builtin takes it, GATHER does
+            return self.table(node)
         if node.op in ("Relu", "Clip"):
             kind = RELU_KINDS.get(clip_bounds(self.g, node))
             if kind is None:

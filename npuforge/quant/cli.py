@@ -44,9 +44,10 @@ def add_quantize_parser(sub) -> None:
                         "`npuforge export --format tflite` (docs/tflite.md)")
     p.add_argument("--target", choices=("tflite",),
                    help="tflite: a quantized IR that `npuforge export --format tflite` always takes: implies "
-                        "--tflite-multipliers and int8 activations, keeps every value in 8 bits (no int16 Concat, "
-                        "normalization input or detector box path) and splits fused activations TFLite has no "
-                        "fused form of (docs/tflite.md)")
+                        "--tflite-multipliers and int8 activations, keeps int16 (a Concat of far-apart ranges, a "
+                        "detector's box path) only where LiteRT's 16x8 kernels compute the same integers, and "
+                        "rewrites what TFLite has no builtin for: a fused LeakyRelu, PRelu, LayerNormalization "
+                        "(docs/tflite.md)")
     p.add_argument("--ort-multipliers", action="store_true",
                    help="move each Conv / Gemm multiplier by at most 2^-18 of itself to one ONNX Runtime's integer "
                         "convolution reproduces exactly: the integer simulator then runs almost every channel on "
@@ -155,9 +156,8 @@ def cmd_quantize(args) -> int:
     out = Path(args.output)
     if args.num_calib < 1:
         raise NpuforgeError(f"--num-calib {args.num_calib}: give a positive number of images")
-    if args.target and (args.ort_multipliers or args.int16):
-        raise NpuforgeError(f"--target {args.target} computes TFLite's integers; drop "
-                            f"{'--ort-multipliers' if args.ort_multipliers else '--int16 (no int16 TFLite form yet)'}")
+    if args.target and args.ort_multipliers:
+        raise NpuforgeError(f"--target {args.target} computes TFLite's integers; drop --ort-multipliers")
     dtype = args.activation_dtype or "uint8"  # (--target tflite makes it int8)
     config = QuantConfig(method=args.method, granularity=args.granularity, activation_dtype=dtype,
                          symmetric=args.symmetric, reduce_range=args.reduce_range, int16=_names(args.int16),
@@ -173,7 +173,7 @@ def cmd_quantize(args) -> int:
     graph = resolve_model(args.model, args.preprocess, log=log, input_shapes=parse_input_shapes(args.input_shape))
     check_input_size(graph, args.model)
     hint = graph.metadata.get("detector", {}).get("int16", [])
-    if hint and not args.int16 and not args.target:  # a detector's box path (its regressors reach far beyond the image)
+    if hint and not args.int16:  # a detector's box path (its regressors reach far beyond the image)
         config.int16 = list(hint)
         log(f"note: {args.model}'s box path ({len(hint)} values, from its regressor convolutions to 'boxes') is "
             f"quantized in int16, as the detector records; --int16 NAMES chooses others")

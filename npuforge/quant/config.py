@@ -69,10 +69,10 @@ class QuantConfig:
                 "Runtime's integer convolution reproduces exactly, so the integer simulator runs more of the "
                 "model on ONNX Runtime's int8 kernels (not with tflite_multipliers)"})
     target: str = field(default="", metadata={
-        "help": "tflite: quantize for the int8 TFLite export, which then always takes the result: TFLite's "
-                "arithmetic (tflite_multipliers), int8 activations, every activation in 8 bits (concat_range_ratio and "
-                "norm_spread_codes 0; the export writes no int16 yet), and the graph rewrites TFLite needs "
-                "(a fused LeakyRelu split off its convolution)"})
+        "help": "tflite: quantize for the TFLite export, which then always takes the result: TFLite's "
+                "arithmetic (tflite_multipliers), int8 activations, int16 only where LiteRT's 16x8 kernels compute "
+                "npuforge's integers (norm_spread_codes 0), and the graph rewrites TFLite needs (a fused LeakyRelu "
+                "split off its convolution, PRelu and LayerNormalization as builtins; docs/tflite.md)"})
     strict: bool = field(default=False, metadata={
         "help": "an op with no quantization rule is an error instead of a warning (it is kept in float)"})
 
@@ -84,12 +84,9 @@ class QuantConfig:
         _choose("calibration_engine", self.calibration_engine, ("ort", "npuforge"))
         _choose("target", self.target, TARGETS)
         if self.target == "tflite":
-            if self.int16:
-                raise NpuforgeError("quantization option int16 has no int8 TFLite form yet (target='tflite' keeps "
-                                    "every activation in 8 bits): leave it out")
             self.tflite_multipliers = True
             self.activation_dtype = "int8"  # (a uint8 grid is the same grid shifted: nothing is lost)
-            self.concat_range_ratio = self.norm_spread_codes = 0.0
+            self.norm_spread_codes = 0.0  # (a normalization is decomposed into TFLite builtins)
         if not 50.0 < self.percentile <= 100.0:
             raise NpuforgeError(f"quantization option percentile={self.percentile}: give a value in (50, 100]")
         if self.bins < 256 or self.bins & (self.bins - 1):

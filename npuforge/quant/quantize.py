@@ -38,6 +38,7 @@ from .params import QParams, QRANGES, from_range, weight_params
 from .ort_multipliers import match_multipliers
 from .requant import (TFLITE_ADD_LEFT_SHIFT, activation_code_bounds, requant_multiplier, tflite_add_multipliers,
                       tflite_mean_multiplier)
+from .tflite_16x8 import multiplier_16x8, writable_groups
 from .tflite_rewrites import decompose_for_tflite, split_fused_leaky_relu
 from .tflite_tables import fixed_output, tflite_table
 
@@ -284,9 +285,16 @@ def _quantize_compute(graph, node, config: QuantConfig, widened: list) -> None:
         b = graph.values[node.inputs[2]]
         b.quant = QParams("int32", bias_scale, np.zeros(bias_scale.shape, np.int32), 0 if axis is not None else None)
         _add_int(graph, node, "bias", b.quant.quantize(b.data))
-    _requant(graph, node, "", in_scale * wp.scale.astype(np.float64) / out_scale, config)
-    if config.tflite_multipliers and node.op in ("Gemm", "MatMul"):  # TFLite's FULLY_CONNECTED rounds once
+    real = in_scale * wp.scale.astype(np.float64) / out_scale
+    if config.target == "tflite" and y.quant.dtype == "int16":  # LiteRT's 16x8 requantization, rounding once
+        mult, shift = multiplier_16x8(real)
+        _add_int(graph, node, "multiplier", mult)
+        _add_int(graph, node, "shift", shift)
         _add_int(graph, node, "single_rounding", np.asarray(1, np.int32))
+    else:
+        _requant(graph, node, "", real, config)
+        if config.tflite_multipliers and node.op in ("Gemm", "MatMul"):  # TFLite's FULLY_CONNECTED rounds once
+            _add_int(graph, node, "single_rounding", np.asarray(1, np.int32))
     if node.attrs.get("activation") in ("Relu", "Clip") and not y.quant.per_channel:
         lo, hi = activation_code_bounds(node, y.quant)  # a fused Relu / Clip is saturation in the output's codes
         _add_int(graph, node, "act_min", np.asarray(lo, np.int32))
@@ -381,6 +389,8 @@ def apply_parameters(graph, plan: Plan, observers: dict, config: QuantConfig, lo
         log(m.message("quantized in int16 (concat_range_ratio=0 keeps 8 bits)"))
     int16 = set(config.int16) | {m.node for m in wide}
     int16 |= {c for c, original in plan.copies.items() if original in int16}  # a named constant's copies too
+    if config.target == "tflite" and int16:  # only the groups LiteRT's 16x8 kernels compute exactly
+        int16 = writable_groups(graph, plan, int16, log)
     params = _group_params(graph, plan, observers, config, int16)
     plan.narrow_norms = narrow_norms(graph, plan, observers, params, config.norm_spread_codes)
     if plan.narrow_norms:
