@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 pytest.importorskip("ai_edge_litert.interpreter", reason="LiteRT (ai-edge-litert) is not installed")
 
@@ -163,9 +164,9 @@ def test_layer_norm_as_builtins(shape, normalized):
 class Boxes(nn.Module):
     """A detector head: box regressors whose range is far from the scores' (int16 Concat by default)."""
 
-    def __init__(self, add_after: bool = False):
+    def __init__(self, after: str = ""):
         super().__init__()
-        self.add_after = add_after
+        self.after = after
         self.stem, self.boxes, self.scores = nn.Conv2d(3, 8, 3, 2), nn.Conv2d(8, 4, 1), nn.Conv2d(8, 4, 1)
         self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
         with torch.no_grad():
@@ -174,18 +175,22 @@ class Boxes(nn.Module):
 
     def forward(self, x):
         y = torch.relu(self.stem(x))
-        boxes = self.boxes(y) + self.scores(y) if self.add_after else self.boxes(y)
+        boxes = self.boxes(y)
+        if self.after == "add":  # an int16 ADD of two int16 activations
+            boxes = boxes + self.scores(y)
+        elif self.after == "pool":  # no 16x8 program: the group stays 8-bit
+            boxes = F.avg_pool2d(boxes, 3, 1, 1, count_include_pad=False)
         parts = [boxes, torch.sigmoid(self.scores(y)), self.dw(y)[:, :2]]
         return torch.cat(parts, 1).flatten(2).transpose(1, 2)
 
 
-@pytest.mark.parametrize("seed", range(2))
-def test_int16_concat_runs_in_16x8_mode(seed):
+@pytest.mark.parametrize("seed,after", [(0, ""), (1, ""), (2, "add")])
+def test_int16_concat_runs_in_16x8_mode(seed, after):
     """CONV_2D / DEPTHWISE_CONV_2D with int16 outputs (their int8 inputs widened by QUANTIZE), a table
     into int16 (GATHER), STRIDED_SLICE, CONCATENATION, RESHAPE, TRANSPOSE on int16 codes."""
     rng = np.random.default_rng(seed)
     h, w = dims(rng, 2, 9, 20)
-    q, model = assert_bit_exact(Boxes(), [(1, 3, h, w)], seed=seed)
+    q, model = assert_bit_exact(Boxes(after), [(1, 3, h, w)], seed=seed)
     assert q.values[q.outputs[0]].quant.dtype == "int16"
     assert interpreter(model).get_output_details()[0]["dtype"] == np.int16
     ops = op_names(model)
@@ -194,13 +199,36 @@ def test_int16_concat_runs_in_16x8_mode(seed):
 
 def test_int16_group_without_a_16x8_program_stays_8_bit():
     notes = []
-    graph = npuforge.from_torch(Boxes(add_after=True).eval(), torch.zeros(1, 3, 12, 12), dynamic_batch=False)
+    graph = npuforge.from_torch(Boxes("pool").eval(), torch.zeros(1, 3, 12, 12), dynamic_batch=False)
     calib = [{graph.inputs[0]: np.random.default_rng(s).standard_normal((1, 3, 12, 12)).astype(np.float32)}
              for s in range(3)]
     q = npuforge.quantize(graph, calib, TARGET, log=notes.append)
     assert all(v.quant.dtype == "int8" for v in q.values.values() if v.quant is not None and not v.is_const)
-    assert any("stay 8-bit for TFLite" in n and "(Add)" in n for n in notes), notes
+    assert any("stay 8-bit for TFLite" in n and "(AveragePool)" in n for n in notes), notes
     to_tflite(q)
+
+
+class BoxPath(nn.Module):
+    """Regressor -> Mul by a per-box constant -> Add of anchors, concatenated with scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.reg, self.cls = nn.Conv2d(3, 8, 3, 2), nn.Conv2d(8, 4, 1), nn.Conv2d(8, 2, 1)
+        with torch.no_grad():
+            self.reg.weight.mul_(50)
+
+    def forward(self, x):
+        y = torch.relu(self.stem(x))
+        boxes = self.reg(y) * torch.linspace(0.5, 3, 4).reshape(1, 4, 1, 1) + torch.linspace(-30, 30, 4).reshape(1, 4, 1, 1)
+        return torch.cat([boxes, torch.sigmoid(self.cls(y))], 1), torch.tanh(boxes)
+
+
+def test_int16_mul_add_of_constants_and_a_table_reading_int16():
+    q, model = assert_bit_exact(BoxPath(), [(1, 3, 15, 15)], runs=3)
+    dtypes = {n.op: q.values[n.outputs[0]].quant.dtype for n in q.nodes}
+    assert dtypes["Add"] == dtypes["Mul"] == "int16" and dtypes["Tanh"] == "int8"  # a 65536-entry table
+    assert len(q.values[next(n for n in q.nodes if n.op == "Tanh").name + "::lut"].data) == 65536
+    assert {"MUL", "ADD", "GATHER"} <= set(op_names(model))
 
 
 class Embed(nn.Module):

@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import NpuforgeError, UnsupportedError
 from ..quant.fixedpoint import round_half_away
 from ..quant.params import QParams
-from ..quant.tflite_16x8 import WIDENING_BITS, multiplier_16x8
+from ..quant.tflite_16x8 import ADD_LEFT_SHIFT_16, WIDENING_BITS, add_multipliers_16, multiplier_16x8
 from ..quant.tflite_tables import activation_range
 from ..quant.requant import TFLITE_ADD_LEFT_SHIFT, quantize_multiplier, tflite_add_multipliers, tflite_mean_multiplier
 from .tflite_layout import NCHW_TO_NHWC as _NCHW_TO_NHWC, NHWC_AXIS as _NHWC_AXIS, refuse as _refuse, same_order
@@ -322,27 +322,34 @@ class _Exporter:
         codes = self.stored(node, f"input{k}").astype(np.int64)
         if self.g.values[name].quant.dtype == "uint8":
             codes = codes - 128
+        if self.g.values[node.outputs[0]].quant.dtype == "int16":  # a 16x8 op: int16 codes, zero point 0
+            codes, p = codes - p.zero_point.astype(np.int64), QParams("int16", p.scale, np.zeros_like(p.zero_point),
+                                                                          p.axis)
         if len(self.g.values[node.outputs[0]].shape) == 4:
             codes = codes.reshape((1,) * (4 - codes.ndim) + codes.shape).transpose(_NCHW_TO_NHWC)
-        return self.const(f"{node.name}::input{k}", codes, "int8", self.quant(p))
+        return self.const(f"{node.name}::input{k}", codes, p.dtype, self.quant(p))
 
     def add(self, node):
         qs = [self.qp(i) for i in node.inputs[:2]]
         yq = self.qp(node.outputs[0])
-        if "multiplierout" not in node.quant or int(self.stored(node, "left_shift")) != TFLITE_ADD_LEFT_SHIFT:
+        wide = yq.dtype == "int16"  # LiteRT's int16 ADD / SUB with general scales (quant/tflite_16x8.py)
+        want_shift = ADD_LEFT_SHIFT_16 if wide else TFLITE_ADD_LEFT_SHIFT
+        if "multiplierout" not in node.quant or int(self.stored(node, "left_shift")) != want_shift:
             _refuse(node, f"it was quantized with npuforge's own Add arithmetic, not TFLite's ({self.remedy()})")
-        for role, real in tflite_add_multipliers(qs[0].scale, qs[1].scale, yq.scale).items():
+        reals = (add_multipliers_16 if wide else tflite_add_multipliers)(qs[0].scale, qs[1].scale, yq.scale)
+        for role, real in reals.items():
             self.check_multiplier(node, role, real)
+        extra = dict(PotScaleInt16=False) if wide else {}
         self.op("ADD" if node.op == "Add" else "SUB", [self.operand(node, 0), self.operand(node, 1)],
                 [self.activation(node.outputs[0])], "AddOptions" if node.op == "Add" else "SubOptions",
-                version=2, FusedActivationFunction=0)
+                version=3 if wide else 2, FusedActivationFunction=0, **extra)
 
     def mul(self, node):
         qs = [self.qp(i) for i in node.inputs[:2]]
         yq = self.qp(node.outputs[0])
         self.check_multiplier(node, "", np.float64(qs[0].scale) * np.float64(qs[1].scale) / np.float64(yq.scale))
         self.op("MUL", [self.operand(node, 0), self.operand(node, 1)], [self.activation(node.outputs[0])],
-                "MulOptions", version=2, FusedActivationFunction=0)
+                "MulOptions", version=4 if yq.dtype == "int16" else 2, FusedActivationFunction=0)
 
     def mean(self, node):
         x = node.inputs[0]

@@ -38,7 +38,7 @@ from .params import QParams, QRANGES, from_range, weight_params
 from .ort_multipliers import match_multipliers
 from .requant import (TFLITE_ADD_LEFT_SHIFT, activation_code_bounds, requant_multiplier, tflite_add_multipliers,
                       tflite_mean_multiplier)
-from .tflite_16x8 import multiplier_16x8, writable_groups
+from .tflite_16x8 import ADD_LEFT_SHIFT_16, add_multipliers_16, multiplier_16x8, writable_groups
 from .tflite_rewrites import decompose_for_tflite, split_fused_leaky_relu
 from .tflite_tables import fixed_output, tflite_table
 
@@ -346,6 +346,10 @@ def _quantize_node(graph, node, kind: str, config: QuantConfig, widened: list) -
         if node.op == "Mul":
             _requant(graph, node, "", np.float64(ins[0].scale) * np.float64(ins[1].scale) / np.float64(out.scale),
                      config)
+        elif config.target == "tflite" and out.dtype == "int16":  # LiteRT's int16 ADD / SUB (quant/tflite_16x8.py)
+            for role, m in add_multipliers_16(ins[0].scale, ins[1].scale, out.scale).items():
+                _requant(graph, node, role, m, config)
+            _add_int(graph, node, "left_shift", np.asarray(ADD_LEFT_SHIFT_16, np.int32))
         elif config.tflite_multipliers:
             for role, m in tflite_add_multipliers(ins[0].scale, ins[1].scale, out.scale).items():
                 _requant(graph, node, role, m, config)
