@@ -258,6 +258,22 @@ def test_class_token_is_a_gather_at_a_constant_index():
     assert "GATHER" in op_names(model)
 
 
+class ClassToken(nn.Module):
+    """A ViT's start: a learnt class token (a constant) concatenated before the patch tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.token, self.proj = nn.Parameter(torch.randn(1, 1, 8)), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.proj(torch.cat([self.token.expand(x.shape[0], -1, -1), x], 1))
+
+
+def test_a_constant_concatenated_with_activations_is_written_as_codes():
+    _, model = assert_bit_exact(ClassToken(), [(1, 6, 8)])
+    assert "CONCATENATION" in op_names(model)
+
+
 def test_a_float_value_names_its_node_and_the_option_that_kept_it():
     module = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Conv2d(4, 4, 1))
     graph = optimize(npuforge.from_torch(module.eval(), torch.zeros(1, 3, 4, 4), dynamic_batch=False))[0]

@@ -126,7 +126,11 @@ class _Exporter:
                 self.tensor[name] = self.w.tensor(name, self.shape(name), "int32")
                 return self.tensor[name]
             p = self.qp(name)
-            self.tensor[name] = self.w.tensor(name, self.shape(name), p.dtype, quant=self.quant(p))
+            data = None
+            if v.is_const:  # a constant an op reads as an operand (a class token a Concat joins): its codes
+                data = v.quant.quantize(v.data).astype(np.int64) - (128 if v.quant.dtype == "uint8" else 0)
+                data = (data.transpose(_NCHW_TO_NHWC) if data.ndim == 4 else data).astype(p.dtype)
+            self.tensor[name] = self.w.tensor(name, self.shape(name), p.dtype, data=data, quant=self.quant(p))
         return self.tensor[name]
 
     def new_tensor(self, name: str, shape, p: QParams) -> int:
