@@ -161,6 +161,25 @@ def test_layer_norm_as_builtins(shape, normalized):
     assert ops.count("MEAN") == 2 and "GATHER" in ops  # mean, variance; the table of v ^ -0.5
 
 
+def test_instance_norm_and_l2_normalize_as_builtins():
+    norm = nn.GroupNorm(1, 6)  # (poolformer's norm: InstanceNormalization between Reshapes)
+    _, model = assert_bit_exact(nn.Sequential(nn.Conv2d(3, 6, 1), norm), [(1, 3, 5, 5)])
+    assert op_names(model).count("MEAN") == 2
+    _, model = assert_bit_exact(Lambda(lambda x: F.normalize(x, dim=-1)), [(1, 6, 12)])
+    assert "MEAN" in op_names(model) and "GATHER" in op_names(model)
+
+
+def test_shape_reading_ops_get_4d_tensors_in_the_ir_shape():
+    """A 4-D operand whose NHWC and NCHW orders agree (C == 1) still needs the IR's shape."""
+    assert_bit_exact(Lambda(lambda x, y: x @ y), [(1, 1, 5, 8), (1, 1, 8, 6)])
+    assert_bit_exact(nn.Linear(8, 4), [(1, 1, 5, 8)])
+
+
+def test_clip_bounds_of_no_builtin_are_a_table():
+    _, model = assert_bit_exact(Lambda(lambda x: x.clamp(-0.5, 2.0)), [(1, 4, 5, 5)])
+    assert "GATHER" in op_names(model)
+
+
 class Boxes(nn.Module):
     """A detector head: box regressors whose range is far from the scores' (int16 Concat by default)."""
 

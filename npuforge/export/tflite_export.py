@@ -160,6 +160,17 @@ class _Exporter:
         self.op("TRANSPOSE", [t, self.int32s(f"{name}::perm", (0, 3, 1, 2))], [out], "TransposeOptions")
         return out
 
+    def ir_shaped(self, name: str) -> int:
+        """The value's tensor in the IR's order and shape (ops that read shapes: BATCH_MATMUL, a
+        FULLY_CONNECTED keeping dims): a 4-D tensor TRANSPOSEd, or RESHAPEd where the orders agree."""
+        shape = self.dims(name)
+        if len(shape) != 4 or not same_order(shape):
+            return self.nchw_order(name)
+        out = self.new_tensor(f"{name}::nchw", shape, self.qp(name))
+        self.op("RESHAPE", [self.activation(name), self.int32s(f"{name}::nchw_shape", shape)], [out],
+                "ReshapeOptions", NewShape=list(shape))
+        return out
+
     # -- checks ------------------------------------------------------------------------
     def check_multiplier(self, node, role: str, real, mean_count: int | None = None, wide: bool = False) -> None:
         real = np.atleast_1d(np.asarray(real, np.float64))
@@ -308,8 +319,8 @@ class _Exporter:
                           f"({self.remedy()})")
         act = self.fused(node, yq)
         wt = self.const(wname, w, "int8", TensorQuant(np.atleast_1d(wq.scale), np.zeros(wq.scale.size, np.int64), 0))
-        xt, bt, wide = self.compute_io(node, self.nchw_order(x), xq, wq.scale, units)
         keep = len(self.dims(x)) > 2
+        xt, bt, wide = self.compute_io(node, self.ir_shaped(x) if keep else self.nchw_order(x), xq, wq.scale, units)
         tensor_ops.write_in_ir_order(self, node.outputs[0], lambda out: self.op(
             "FULLY_CONNECTED", [xt, wt, bt], [out], "FullyConnectedOptions",
             version=7 if wide else 5 if wq.per_channel else 4, FusedActivationFunction=act, KeepNumDims=keep))
@@ -457,9 +468,8 @@ class _Exporter:
             return self.table(node)
         if node.op in ("Relu", "Clip"):
             kind = RELU_KINDS.get(clip_bounds(self.g, node))
-            if kind is None:
-                _refuse(node, f"Clip bounds {clip_bounds(self.g, node)} are none of TFLite's RELU, RELU6, "
-                              f"RELU_N1_TO_1")
+            if kind is None:  # bounds of no TFLite builtin: its table
+                return self.table(node)
             name = {"Relu": "RELU", "Relu6": "RELU6", "ReluN1To1": "RELU_N1_TO_1"}[kind]
         elif node.op == "LeakyRelu":
             name = "LEAKY_RELU"

@@ -41,7 +41,7 @@ def batch_matmul(ex, node) -> None:
     ex.check_multiplier(node, "", np.float64(qa.scale) * np.float64(qb.scale) / np.float64(qy.scale))
     if min(len(ex.dims(a)), len(ex.dims(b))) < 2:
         refuse(node, "BATCH_MATMUL multiplies matrices (rank 2 or more)")
-    lhs, rhs = ex.nchw_order(a), ex.nchw_order(b)
+    lhs, rhs = ex.ir_shaped(a), ex.ir_shaped(b)
     write_in_ir_order(ex, node.outputs[0], lambda out: ex.op(
         "BATCH_MATMUL", [lhs, rhs], [out], "BatchMatMulOptions", version=2, AdjX=False, AdjY=False,
         AsymmetricQuantizeInputs=False))

@@ -7,11 +7,13 @@ graph's every node is a TFLite builtin's integer program (and the simulator equa
   output grid and the LeakyRelu becomes LiteRT's LEAKY_RELU (quant/tflite_tables.py).
 * PRelu (npuforge keeps it in float): ``Relu(x) + slope * (x - Relu(x))``, i.e. RELU, SUB,
   MUL by the constant slope, ADD, the same function in float, each step requantized.
-* LayerNormalization (npuforge's integer rule, an exact integer mean, variance and square root,
-  is no TFLite program): ``d = x - mean(x)``, ``d * (mean(d * d) + eps) ^ -0.5 * scale + bias``
-  as MEAN, SUB, MUL, MEAN, ADD, a table of ``v ^ -0.5`` (GATHER), MUL, MUL, ADD: the same function
-  in float, each step requantized on its calibrated grid (the int8 variance costs accuracy:
-  docs/tflite.md gives the measured figure).
+* LayerNormalization / InstanceNormalization (npuforge's integer rule, an exact integer mean,
+  variance and square root, is no TFLite program): ``d = x - mean(x)``,
+  ``d * (mean(d * d) + eps) ^ -0.5 * scale + bias`` as MEAN, SUB, MUL, MEAN, ADD, a table of
+  ``v ^ -0.5`` (GATHER), MUL, MUL, ADD: the same function in float, each step requantized on its
+  calibrated grid (the int8 variance costs accuracy: docs/tflite.md gives the measured figure).
+* L2Normalize: ``x * max(n * mean(x * x), eps^2) ^ -0.5`` as MUL, MEAN, MUL, a Clip table, a
+  ``v ^ -0.5`` table, MUL.
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ class _Builder:
         self.g.add_const(name, np.asarray(data, np.float32))
         return name
 
+    def const_int(self, role: str, data) -> str:
+        name = self.g.unique_name(f"{self.node.name}::{role}")
+        self.g.add_const(name, np.asarray(data, np.int64))
+        return name
+
     def op(self, op: str, inputs: list, shape, out: str | None = None, **attrs) -> str:
         dtype = self.g.values[inputs[0]].dtype
         if out is None:
@@ -89,19 +96,21 @@ def _prelu(b: _Builder) -> bool:
     return True
 
 
-def _layer_norm(b: _Builder) -> bool:
+def _normalization(b: _Builder) -> bool:
+    """LayerNormalization (over the axes from ``axis`` on) and InstanceNormalization (over the
+    spatial axes, per-channel scale and bias) with constant parameters."""
     node, g = b.node, b.g
     params = [i for i in node.inputs[1:] if i]
-    if node.op != "LayerNormalization" or len([o for o in node.outputs if o]) != 1 or \
-            not all(g.values[i].is_const for i in params):
+    if node.op not in ("LayerNormalization", "InstanceNormalization") or \
+            len([o for o in node.outputs if o]) != 1 or not all(g.values[i].is_const for i in params):
         return False
     x = node.inputs[0]
     shape = g.values[x].shape
     rank = len(shape)
-    axes = list(range(node.attrs["axis"] % rank, rank))
+    instance = node.op == "InstanceNormalization"
+    axes = list(range(2, rank)) if instance else list(range(node.attrs["axis"] % rank, rank))
     kept = tuple(1 if k in axes else d for k, d in enumerate(shape))
-    axes_t = b.g.unique_name(f"{node.name}::axes")
-    g.add_const(axes_t, np.asarray(axes, np.int64))
+    axes_t = b.const_int("axes", axes)
     mean = b.op("ReduceMean", [x, axes_t], kept, keepdims=1)
     d = b.op("Sub", [x, mean], shape)
     var = b.op("ReduceMean", [b.op("Mul", [d, d], shape), axes_t], kept, keepdims=1)
@@ -110,6 +119,9 @@ def _layer_norm(b: _Builder) -> bool:
     y = node.outputs[0]
     scale = node.inputs[1]
     bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2] else ""
+    if instance:  # per channel: [C] -> [C, 1, ...] to broadcast over the spatial axes
+        scale = b.const("scale", np.asarray(g.values[scale].data).reshape(-1, *([1] * (rank - 2))))
+        bias = b.const("bias", np.asarray(g.values[bias].data).reshape(-1, *([1] * (rank - 2))))
     normed = b.op("Mul", [d, inv], shape)
     scaled = b.op("Mul", [normed, scale], shape, out=None if bias else y)
     if bias:
@@ -117,6 +129,28 @@ def _layer_norm(b: _Builder) -> bool:
     return True
 
 
+def _l2_normalize(b: _Builder) -> bool:
+    """L2Normalize: ``x * (max(n * mean(x * x), eps^2)) ^ -0.5`` over its axes (n elements)."""
+    node, g = b.node, b.g
+    if node.op != "L2Normalize":
+        return False
+    x = node.inputs[0]
+    shape = g.values[x].shape
+    rank = len(shape)
+    axes = sorted(a % rank for a in node.attrs["axes"])
+    kept = tuple(1 if k in axes else d for k, d in enumerate(shape))
+    count = int(np.prod([shape[a] for a in axes]))
+    mean = b.op("ReduceMean", [b.op("Mul", [x, x], shape), b.const_int("axes", axes)], kept, keepdims=1)
+    total = b.op("Mul", [mean, b.const("count", float(count))], kept)
+    eps = float(node.attrs["epsilon"])
+    if eps > 0:
+        total = b.op("Clip", [total, b.const("eps_squared", eps * eps)], kept)
+    inv = b.op("Pow", [total, b.const("minus_half", -0.5)], kept)
+    b.op("Mul", [x, inv], shape, out=node.outputs[0])
+    return True
+
+
 def decompose_for_tflite(graph) -> dict:
-    """PRelu and LayerNormalization as TFLite builtins' float functions, in place; -> counts."""
-    return {"PRelu": _replace(graph, _prelu), "LayerNormalization": _replace(graph, _layer_norm)}
+    """PRelu and the normalizations as TFLite builtins' float functions, in place; -> counts."""
+    return {"PRelu": _replace(graph, _prelu), "normalizations": _replace(graph, _normalization),
+            "L2Normalize": _replace(graph, _l2_normalize)}
