@@ -19,8 +19,8 @@ from onnx import numpy_helper
 from ..errors import ModelFormatError, NpuforgeError, UnsupportedError
 from ..ir import dtypes
 from ..ir.graph import Graph, Node, Value
-from ..ir.infer import check_arity, infer_node, input_infos
-from ..ops.registry import REQUIRED, TensorInfo, get_op
+from ..ir.infer import check_arity, check_size, infer_node, input_infos
+from ..ops.registry import REQUIRED, TensorInfo, check_attr_values, get_op
 
 OPSETS = range(13, 22)
 UPGRADABLE_OPSETS = range(9, 13)  # imported through onnx's version converter to opset 13
@@ -108,10 +108,14 @@ def _attr_value(attr: onnx.AttributeProto, where: str):
                      onnx.AttributeProto.SPARSE_TENSOR, onnx.AttributeProto.SPARSE_TENSORS):
         raise UnsupportedError(f"{where}: attribute '{attr.name}' of this kind (subgraph or sparse) is not supported")
     value = onnx.helper.get_attribute_value(attr)
-    if isinstance(value, bytes):
-        return value.decode("utf-8")
-    if isinstance(value, list):
-        return [v.decode("utf-8") if isinstance(v, bytes) else v for v in value]
+    try:
+        if isinstance(value, bytes):
+            return value.decode("utf-8")
+        if isinstance(value, list):
+            return [v.decode("utf-8") if isinstance(v, bytes) else v for v in value]
+    except UnicodeDecodeError:
+        raise ModelFormatError(f"{where}: string attribute '{attr.name}' is not UTF-8 text; "
+                               "re-export the model") from None
     return value
 
 
@@ -147,6 +151,7 @@ def _input_value(vi: onnx.ValueInfoProto, where: str) -> Value:
             dims.append(d.dim_param)
         else:
             dims.append(f"{vi.name}_dim{k}")
+    check_size(vi.name, dims, f"{where}: graph input")
     return Value(vi.name, dtypes.from_onnx(t.elem_type, f"{where}: graph input '{vi.name}'"), tuple(dims))
 
 
@@ -276,6 +281,7 @@ def import_onnx(model, name: str | None = None, input_shapes: dict | None = None
         node = Node(node_name, onode.op_type, inputs, outputs, attrs)
         try:
             check_arity(op, node)
+            check_attr_values(op, node)  # before from_onnx: it reads them
             op.from_onnx(ctx, node)
             outs = infer_node(node, input_infos(node, ctx.infos))
         except NpuforgeError as e:
@@ -285,6 +291,8 @@ def import_onnx(model, name: str | None = None, input_shapes: dict | None = None
             graph.add_value(Value(out_name, info.dtype, tuple(info.shape)))
         graph.nodes.append(node)
 
+    if not g.output:
+        raise ModelFormatError(f"{where}: the graph has no outputs; a model must name at least one")
     for vo in g.output:
         if vo.name not in graph.values:
             raise ModelFormatError(f"{where}: graph output '{vo.name}' is not produced by any node")

@@ -77,6 +77,8 @@ def find_problems(graph) -> list[str]:
             problems.append(f"cycle through nodes {', '.join(repr(c) for c in cycle[:8])}")
         else:
             problems.append("nodes are not in topological order")
+    if not graph.outputs:
+        problems.append("the graph has no outputs; a model must name at least one")
     for name in graph.outputs:
         if name not in available:
             problems.append(f"graph output '{name}' is not produced by any node (dangling)")

@@ -4,7 +4,25 @@ values of small static tensors (shape arithmetic) propagate along."""
 from __future__ import annotations
 
 from ..errors import ShapeError
-from ..ops.registry import TensorInfo, get_op
+from ..ops.registry import TensorInfo, attr_value_problems, check_attr_values, get_op
+
+# The largest tensor npuforge takes: 2^31 elements (ONNX Runtime's int32 indexing and any memory
+# this side of it). A shape rule that gives more (a 2^40 batch, a Tile x2^30, a Resize x10^6) is
+# refused before anything allocates it.
+MAX_ELEMENTS = 1 << 31
+
+
+def check_size(name: str, shape, where: str) -> None:
+    """Refuse a static shape with a negative dim or more than MAX_ELEMENTS elements."""
+    count = 1
+    for d in shape or ():
+        if isinstance(d, int):
+            if d < 0:
+                raise ShapeError(f"{where}: tensor '{name}' has a negative dimension in {list(shape)}")
+            count *= d
+    if count > MAX_ELEMENTS:
+        raise ShapeError(f"{where}: tensor '{name}' of shape {list(shape)} has {count} elements, over "
+                         f"npuforge's limit of 2^31 per tensor; use smaller dimensions")
 
 
 def input_infos(node, infos: dict) -> list:
@@ -30,16 +48,19 @@ def attr_problems(op, node) -> list[str]:
     for key in op.attrs:
         if key not in node.attrs:
             problems.append(f"node '{node.name}' ({node.op}): attribute '{key}' is missing")
-    return problems
+    return problems + attr_value_problems(op, node)
 
 
 def infer_node(node, ins: list) -> list[TensorInfo]:
     """Output infos (with propagated values where known) of one node."""
     op = get_op(node.op, f"node '{node.name}'")
     check_arity(op, node)
+    check_attr_values(op, node)
     outs = op.infer(node, ins)
     if len(outs) != len(node.outputs):
         raise ShapeError(f"node '{node.name}' ({node.op}) yields {len(outs)} outputs but names {len(node.outputs)}")
+    for name, info in zip(node.outputs, outs):
+        check_size(name, info.shape, f"node '{node.name}' ({node.op})")
     values = op.propagate(node, ins, outs)
     if values is not None:
         for info, value in zip(outs, values):
@@ -53,6 +74,7 @@ def graph_infos(graph) -> dict:
     infos = {}
     for name in graph.inputs:
         v = graph.values[name]
+        check_size(name, v.shape, "graph input")
         infos[name] = TensorInfo(v.dtype, tuple(v.shape))
     for v in graph.constants():
         infos[v.name] = TensorInfo(v.dtype, tuple(v.shape), v.data)

@@ -18,6 +18,7 @@ FUSED_ACTIVATIONS = {
     "LeakyRelu": ("alpha",),
 }
 FUSED_ATTRS = {"activation": "", "activation_params": []}
+FUSED_KINDS = {"activation_params": "floats"}  # (an empty default does not tell)
 
 
 def check_fused(node, channels=None) -> None:

@@ -6,8 +6,8 @@ its padding; asymmetric pads are applied with an explicit zero pad.
 
 import torch.nn.functional as F
 
-from .activation import FUSED_ATTRS, apply_fused, check_fused, onnx_with_fused
-from .registry import Op, TensorInfo, fail, register, static_dims, unsupported
+from .activation import FUSED_ATTRS, FUSED_KINDS, apply_fused, check_fused, onnx_with_fused
+from .registry import INT32_MAX, WINDOW_RANGES, Op, TensorInfo, fail, register, static_dims, unsupported
 
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
@@ -72,6 +72,8 @@ class Conv(Op):
     name = "Conv"
     inputs = (2, 3)
     attrs = {"dilations": [], "group": 1, "kernel_shape": [], "pads": [], "strides": [], **FUSED_ATTRS}
+    attr_kinds = FUSED_KINDS
+    attr_ranges = {**WINDOW_RANGES, "group": (1, INT32_MAX)}
     onnx_only_attrs = ("auto_pad",)
     quant = "compute"
     summary = ("N-d convolution, groups, dilations, explicit asymmetric pads (auto_pad resolved at import); "
@@ -143,6 +145,7 @@ class ConvTranspose(Op):
     name = "ConvTranspose"
     inputs = (2, 3)
     attrs = {"dilations": [], "group": 1, "kernel_shape": [], "output_padding": [], "pads": [], "strides": []}
+    attr_ranges = {**WINDOW_RANGES, "group": (1, INT32_MAX), "output_padding": (0, INT32_MAX)}
     onnx_only_attrs = ("auto_pad", "output_shape")
     quant = "compute"
     summary = "N-d transposed convolution; output_shape and auto_pad resolved to explicit pads at import"

@@ -5,7 +5,7 @@ import re
 import numpy as np
 import torch
 
-from .activation import FUSED_ATTRS, apply_fused, check_fused, onnx_with_fused
+from .activation import FUSED_ATTRS, FUSED_KINDS, apply_fused, check_fused, onnx_with_fused
 from .conv import _numel
 from ..ir import dtypes
 from .dtype_rules import ANY, NUMERIC, require_dtype
@@ -21,6 +21,7 @@ class Gemm(Op):
     name = "Gemm"
     inputs = (2, 3)
     attrs = {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0, **FUSED_ATTRS}
+    attr_kinds = FUSED_KINDS
     summary = "alpha * A' @ B' + beta * C, C broadcast to the [M, N] output; optional fused activation"
     quant = "compute"
 

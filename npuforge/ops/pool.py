@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from .conv import pop_auto_pad, same_pads, torch_pad_arg
 from .dtype_rules import FLOAT, require_dtype
-from .registry import Op, TensorInfo, fail, register, static_dims, unsupported
+from .registry import WINDOW_RANGES, Op, TensorInfo, fail, register, static_dims, unsupported
 
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
@@ -30,6 +30,7 @@ def pool_output_size(size, k, s, d, pb, pe, ceil_mode) -> int:
 
 class _WindowPool(Op):
     onnx_only_attrs = ("auto_pad",)
+    attr_ranges = WINDOW_RANGES
 
     def from_onnx(self, ctx, node):
         a = node.attrs

@@ -53,6 +53,12 @@ class Op:
     inputs: ClassVar[tuple[int, int]] = (1, 1)  # min, max input count
     outputs: ClassVar[tuple[int, int]] = (1, 1)
     summary: ClassVar[str] = ""
+    # The kind of each attribute's value (INT, FLOAT, STR, INTS, FLOATS) where its default does not
+    # tell it (REQUIRED, None, a list of floats); see attr_kind.
+    attr_kinds: ClassVar[dict[str, str]] = {}
+    # Inclusive (low, high) bounds of integer attributes, each entry of a list: a stride of 0 divides
+    # by zero and a pad of 2^31 is no tensor ONNX Runtime would build.
+    attr_ranges: ClassVar[dict[str, tuple[int, int]]] = {}
 
     # -- import --------------------------------------------------------------
     def from_onnx(self, ctx, node) -> None:
@@ -107,6 +113,74 @@ class Op:
     def macs(self, node, ins: list, outs: list) -> int:
         """Multiply-accumulates for static shapes (dynamic dims counted as 1)."""
         return 0
+
+
+INT, FLOAT, STR, INTS, FLOATS = "int", "float", "string", "ints", "floats"
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+INT32_MAX = (1 << 31) - 1
+# The window attributes of Conv, ConvTranspose and the pools.
+WINDOW_RANGES = {"kernel_shape": (1, INT32_MAX), "strides": (1, INT32_MAX), "dilations": (1, INT32_MAX),
+                 "pads": (0, INT32_MAX)}
+
+
+def attr_kind(op: Op, key: str) -> str | None:
+    """The declared kind of an attribute, else its default's; None: any value (a default of None)."""
+    if key in op.attrs and key not in op.attr_kinds:
+        default = op.attrs[key]
+        if isinstance(default, bool) or isinstance(default, int):
+            return INT
+        if isinstance(default, float):
+            return FLOAT
+        if isinstance(default, str):
+            return STR
+        if isinstance(default, list):
+            return FLOATS if default and isinstance(default[0], float) else INTS
+        return None
+    return op.attr_kinds.get(key)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_float(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+
+
+_FITS = {INT: _is_int, FLOAT: _is_float, STR: lambda v: isinstance(v, str),
+         INTS: lambda v: isinstance(v, list) and all(_is_int(x) for x in v),
+         FLOATS: lambda v: isinstance(v, list) and all(_is_float(x) for x in v)}
+
+
+_KIND_WORDS = {INT: "an integer", FLOAT: "a number", STR: "a string", INTS: "a list of integers",
+               FLOATS: "a list of numbers"}
+
+
+def attr_value_problems(op: Op, node) -> list[str]:
+    """Every attribute of ``node`` of the wrong kind or out of its op's range: the one check,
+    run before an op's import, shape rule or kernel reads them (they index, divide and allocate)."""
+    problems = []
+    for key, value in node.attrs.items():
+        kind = attr_kind(op, key)
+        if kind is None:
+            continue
+        if not _FITS[kind](value):
+            problems.append(f"node '{node.name}' ({node.op}): attribute '{key}' is {value!r:.60}, "
+                            f"expected {_KIND_WORDS[kind]}")
+            continue
+        if kind in (INT, INTS):
+            lo, hi = op.attr_ranges.get(key, _INT64)
+            bad = [x for x in (value if kind == INTS else [value]) if not lo <= x <= hi]
+            if bad:
+                problems.append(f"node '{node.name}' ({node.op}): attribute '{key}' holds {bad[0]}, "
+                                f"outside {lo}..{hi}")
+    return problems
+
+
+def check_attr_values(op: Op, node) -> None:
+    problems = attr_value_problems(op, node)
+    if problems:
+        raise UnsupportedError(problems[0] + "; fix the model's attribute")
 
 
 def register(cls):

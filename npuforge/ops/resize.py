@@ -81,10 +81,13 @@ class Resize(Op):
             if len(scales) != len(axes):
                 fail(node, f"scales has {len(scales)} entries for {len(axes)} axes")
             for ax, s in zip(axes, scales):
-                if s <= 0:
-                    fail(node, f"scale {s} must be positive")
+                if not 0 < s < math.inf:  # (NaN fails both)
+                    fail(node, f"scale {s} must be a positive finite number")
                 if s != 1.0:
                     dim = static_dims(node, (shape[ax],))[0]
+                    size = np.float64(dim) * np.float64(np.float32(s))  # float64: 1e38 x dim stays finite
+                    if size > 1 << 62:
+                        fail(node, f"scale {s} makes axis {ax} {size:.3g} long; use a smaller scale")
                     out[ax] = int(math.floor(dim * np.float32(s)))
                     scale[ax] = np.float32(s)
         elif sizes is not None and len(sizes):

@@ -128,6 +128,7 @@ class Cast(Structural):
 class ConstantOfShape(Op):
     name = "ConstantOfShape"
     attrs = {"value": 0.0, "dtype": "float32"}
+    attr_kinds = {"value": None}  # ONNX gives a one-element tensor, the IR its number (int, float or bool)
     summary = "a tensor of the given (static) shape filled with one value"
     quant = "shape"
 

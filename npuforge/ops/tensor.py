@@ -416,9 +416,16 @@ class Pad(Op):
             if full[i] == 0 and full[i + rank] == 0:
                 shape.append(d)
                 continue
-            d = static_dims(node, (d,))[0] + full[i] + full[i + rank]
+            n = static_dims(node, (d,))[0]
+            d = n + full[i] + full[i + rank]
             if d < 0:
                 fail(node, f"pads {pads} crop axis {i} below zero")
+            kept = n + min(full[i], 0) + min(full[i + rank], 0)
+            if node.attrs["mode"] == "reflect" and max(full[i], full[i + rank]) > kept - 1:
+                # ONNX Runtime refuses a mirror wider than the axis it reflects
+                fail(node, f"reflect pads {pads} exceed axis {i} of length {kept}; pad at most {kept - 1}")
+            if node.attrs["mode"] != "constant" and kept == 0:
+                fail(node, f"{node.attrs['mode']} pads {pads} have nothing to repeat on axis {i}")
             shape.append(d)
         if len(ins) > 2 and ins[2] is not None and ins[2].dtype != x.dtype:
             fail(node, f"constant_value dtype {ins[2].dtype} differs from the input's {x.dtype}")
