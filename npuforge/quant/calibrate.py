@@ -3,6 +3,7 @@ activation value. Streaming: only the observers' statistics are kept."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Iterable
 
@@ -11,6 +12,7 @@ import torch
 
 from ..errors import NpuforgeError
 from ..sim.float_exec import execute
+from .layerwise import fixed_batch
 from .norm_spread import track_spreads
 from .observers import make_observer
 
@@ -27,6 +29,32 @@ def as_feeds(graph, batch) -> dict:
 ENGINES = ("ort", "npuforge")
 
 
+def _ort_error(graph, e: Exception, when: str) -> NpuforgeError:
+    """ONNX Runtime's failure as one line naming the model and, when ORT says, the node."""
+    text = " ".join(str(e).split())
+    node = re.search(r"[Nn]ode\.? ?[Nn]ame:? ?'([^']*)'", text) or re.search(r"[Nn]ode \(([^)]*)\)", text)
+    where = f"model '{graph.name}'" + (f", node '{node.group(1)}'" if node else "")
+    return NpuforgeError(f"calibration: ONNX Runtime could not {when} {where}: {text[:300]}; check the model with "
+                         f"'npuforge check' or calibrate with the npuforge engine")
+
+
+def split_to_fixed_batch(graph, feeds: dict) -> list[dict]:
+    """Feeds cut into batches of the size the model fixes (most exported files fix batch 1), so a
+    fixed-batch model is calibrated on any number of images; a short last batch is completed with
+    images of the same batch seen again (no range or histogram gains a value it did not have)."""
+    fixed = fixed_batch(graph)
+    rows = {len(np.asarray(a)) if np.ndim(a) else 1 for a in feeds.values()}
+    if fixed is None or len(rows) != 1 or rows == {fixed}:
+        return [feeds]
+    if fixed < 1:
+        raise NpuforgeError(f"model '{graph.name}': input '{graph.inputs[0]}' has batch dim {fixed}; re-export it with "
+                            f"a dynamic batch or a batch of 1")
+    n = rows.pop()
+    count = -(-n // fixed)
+    return [{k: np.take(a, np.arange(i * fixed, (i + 1) * fixed) % n, axis=0) for k, a in feeds.items()}
+            for i in range(count)]
+
+
 def _ort_forward(graph, names: set):
     """The float graph in ONNX Runtime with every observed value as an extra output:
     the same numbers as npuforge's float executor (tested to 1e-5), several times faster."""
@@ -41,12 +69,19 @@ def _ort_forward(graph, names: set):
     model.graph.output.extend(onnx.ValueInfoProto(name=n) for n in fetch if n not in present)
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # ORT raises its own types (Fail, InvalidGraph, RuntimeException...)
+        raise _ort_error(graph, e, "load") from None
 
     def run(feeds: dict, observe) -> None:
         for name, array in feeds.items():
             observe(name, torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32)))
-        for name, array in zip(fetch, session.run(fetch, feeds)):
+        try:
+            results = session.run(fetch, feeds)
+        except Exception as e:
+            raise _ort_error(graph, e, "run") from None
+        for name, array in zip(fetch, results):
             observe(name, torch.from_numpy(array))
 
     return run
@@ -89,7 +124,8 @@ def calibrate(graph, batches: Iterable, names: set, method: str, *, bins: int = 
     for batch in batches:
         feeds = {k: np.asarray(v, np.float32) if np.asarray(v).dtype.kind == "f" else v
                  for k, v in as_feeds(graph, batch).items()}
-        forward(feeds, observe)
+        for part in split_to_fixed_batch(graph, feeds):
+            forward(part, observe)
         images += len(next(iter(feeds.values())))
         batch_index += 1
         if progress is not None:
