@@ -87,6 +87,23 @@ def _ort_forward(graph, names: set):
     return run
 
 
+def check_finite_weights(graph) -> None:
+    """Every weight and bias a quantized compute op reads is finite: a NaN / Inf there has no int8
+    code, and calibration would report it as bad input data. (Other constants may hold -inf on
+    purpose, as an attention mask does.)"""
+    from ..ops.registry import get_op
+
+    for node in graph.nodes:
+        if get_op(node.op).quant_kind(node, graph) != "compute":
+            continue
+        for name in node.inputs[1:3]:
+            v = graph.values.get(name) if name else None
+            if v is not None and v.is_const and v.data.dtype.kind == "f" and not np.isfinite(v.data).all():
+                bad = v.data[~np.isfinite(v.data)].reshape(-1)[0]
+                raise NpuforgeError(f"model '{graph.name}': initializer '{name}' of node '{node.name}' ({node.op}) "
+                                    f"holds {bad}; fix the model's weights (every weight and bias must be finite)")
+
+
 def calibrate(graph, batches: Iterable, names: set, method: str, *, bins: int = 4096, percentile: float = 99.99,
               engine: str = "ort", progress=None, slices: dict | None = None) -> tuple[dict, int, float]:
     """-> (observers by value name, images seen, seconds).
@@ -95,6 +112,7 @@ def calibrate(graph, batches: Iterable, names: set, method: str, *, bins: int = 
     "npuforge" (the float executor). ``slices`` ({value: (axes, centred)}, the
     normalizations' inputs) gives those observers a ``spread`` as well, the
     narrowest slice seen (npuforge/quant/norm_spread.py)."""
+    check_finite_weights(graph)
     observers = {name: make_observer(method, bins, percentile) for name in names}
     track_spreads(observers, slices or {})
     producer = {out: n for n in graph.nodes for out in n.outputs}

@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import NpuforgeError
+
 
 def quantize_multiplier(m) -> tuple[np.ndarray, np.ndarray]:
     m = np.asarray(m, np.float64)
     if np.any(m < 0) or not np.all(np.isfinite(m)):
-        raise ValueError("requantization multipliers must be finite and non-negative")
+        # (a bias of -inf, a scale of 0 or inf: the quantizer's checks should have named the node)
+        raise NpuforgeError("a requantization multiplier is not a finite non-negative number; a weight, bias or "
+                            "attribute of the model is NaN or infinite: fix it and quantize again")
     frac, exp = np.frexp(m)  # m = frac * 2^exp, frac in [0.5, 1)
     q = np.floor(frac * 2.0**31 + 0.5).astype(np.int64)  # half away from zero, as TFLite's TfLiteRound
     carry = q == 2**31  # frac rounded up to 1.0
