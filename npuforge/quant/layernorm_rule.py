@@ -110,9 +110,14 @@ def quantize_integers(graph, node, add) -> None:
                             f"leave its input in 8 bits")
     s_x, s_y = float(xp.scale), float(yp.scale)
     if centred(node):  # sqrt(var + eps): added to W = N^2 var
-        eps = min(max(1, round(node.attrs["epsilon"] / (s_x * s_x) * n ** 2)), 1 << 60)
+        eps_codes = node.attrs["epsilon"] / (s_x * s_x) * n ** 2
     else:  # max(||x||, eps): a floor under W = ||x||^2 / s_x^2
-        eps = min(max(1, round((node.attrs["epsilon"] / s_x) ** 2)), 1 << 60)
+        eps_codes = (node.attrs["epsilon"] / s_x) ** 2
+    if math.isnan(eps_codes):
+        raise NpuforgeError(f"node '{node.name}' ({node.op}): epsilon {node.attrs['epsilon']} is not a number; "
+                            f"fix the model's attribute")
+    # clamped before rounding: an epsilon of inf (or 1e300) is 2^60, which outweighs every W
+    eps = round(min(max(1.0, eps_codes), float(1 << 60)))
     half_p = _p_bits(n) // 2
     g_max = max(float(np.abs(scale).max()) / s_y, 1e-30)
     b_max = float(np.abs(bias).max()) / s_y

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..errors import NpuforgeError
 from .fixedpoint import c_div, doubling_high_mul as srdhm, rdbp
 from .requant import quantize_multiplier
 
@@ -89,6 +90,10 @@ def quantize_integers(graph, node, add, beta: float = 1.0) -> None:
     """Store TFLite's SOFTMAX Prepare values: input multiplier, left shift, diff_min."""
     xp = graph.values[node.inputs[0]].quant
     real = min(beta * np.float64(np.float32(xp.scale)) * (1 << (31 - SCALED_DIFF_BITS)), (1 << 31) - 1.0)
+    if not real >= 1.0:  # TFLite's Prepare takes a multiplier above one: an input step of 2^-26 or more
+        raise NpuforgeError(f"node '{node.name}' ({node.op}): its input step {float(xp.scale):.3g} is below the "
+                            f"2^-{SCALED_DIFF_BITS} that TFLite's integer SOFTMAX takes (a near-constant input); "
+                            f"keep it in float (keep_float) or quantize without tflite_multipliers")
     m, shift = quantize_multiplier(np.float64(real))
     radius = ((1 << SCALED_DIFF_BITS) - 1) * (1 << (31 - SCALED_DIFF_BITS)) / (1 << int(shift))
     add("tflite_softmax", np.asarray(1, np.int32))
