@@ -75,6 +75,7 @@ def writable_groups(graph, plan, wide_names: set, log) -> set:
     wide = {root for root, names in groups.items()
             if any(n in wide_names or (n in producer and producer[n].name in wide_names) for n in names)}
 
+    asked = set(wide)  # (groups widened only for an Add / Mul they feed drop back without a note)
     grown = True
     while grown:  # an Add / Mul making a wide value reads wide values: its inputs' groups widen too
         grown = False
@@ -109,6 +110,7 @@ def writable_groups(graph, plan, wide_names: set, log) -> set:
             if bad is not None:
                 wide.discard(root)
                 changed = True
-                log(f"note: '{groups[root][0]}' and {len(groups[root]) - 1} value(s) sharing its grid stay 8-bit "
-                    f"for TFLite: node '{bad.name}' ({bad.op}) has no 16x8 kernel computing npuforge's integers")
+                if root in asked:
+                    log(f"note: '{groups[root][0]}' and {len(groups[root]) - 1} value(s) sharing its grid stay 8-bit "
+                        f"for TFLite: node '{bad.name}' ({bad.op}) has no 16x8 kernel computing npuforge's integers")
     return {n for root in wide for n in groups[root]}
