@@ -302,8 +302,9 @@ def import_onnx(model, name: str | None = None, input_shapes: dict | None = None
             import json
 
             try:
-                graph.metadata = json.loads(prop.value)
+                meta = json.loads(prop.value)
             except ValueError:
-                pass
+                meta = None
+            graph.metadata = meta if isinstance(meta, dict) else {}  # (an unreadable record is no record)
     graph.check()
     return graph

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +32,12 @@ import numpy as np
 from ..errors import ModelFormatError
 from . import dtypes
 from .graph import Graph, Node, Value
+from .infer import check_size
+
+# Bounds on what the reader reads: the text graph (constants above 16 elements live in the weights
+# file, so even a large model's text is a few MB) and the safetensors header (its own format's limit).
+MAX_TEXT_BYTES = 256 << 20
+MAX_HEADER_BYTES = 100 << 20
 
 MAGIC = "npuforge-ir 1"
 INLINE_LIMIT = 16
@@ -136,14 +144,24 @@ class _Line:
         dims = []
         while self.peek() != "]":
             d = self.token()
+            if re.fullmatch(r"-\d+", d):
+                self.error(f"dimension {d} of '{name}' is negative")
             dims.append(int(d) if re.fullmatch(r"\d+", d) else d)
             if self.peek() == ",":
                 self.token()
         self.expect("]")
+        check_size(name, dims, self.where)  # before any constant of that shape is built
         return name, dtype, tuple(dims)
 
     def rest(self) -> str:
         return self.text[self.pos:].strip()
+
+    def json_object(self, what: str) -> dict:
+        """The rest of the line as a JSON object (attributes, a qnode's roles, meta)."""
+        obj = json.loads(self.rest())
+        if not isinstance(obj, dict):
+            self.error(f"{what} must be a JSON object {{...}}, not {type(obj).__name__}")
+        return obj
 
 
 def loads(text: str, where: str, weights: dict) -> Graph:
@@ -198,7 +216,7 @@ def loads(text: str, where: str, weights: dict) -> Graph:
                     if p.peek() != ",":
                         break
                     p.token()
-                attrs = json.loads(p.rest())
+                attrs = p.json_object("the node's attributes")
                 graph.nodes.append(Node(name, op, inputs, outputs, attrs))
             elif kind == "output":
                 graph.outputs.append(p.name())
@@ -214,9 +232,12 @@ def loads(text: str, where: str, weights: dict) -> Graph:
                 node = next((n for n in graph.nodes if n.name == name), None)
                 if node is None:
                     p.error(f"qnode line for unknown node '{name}'")
-                node.quant = json.loads(p.rest())
+                roles = p.json_object("a qnode's integers")
+                if not all(isinstance(v, str) for v in roles.values()):
+                    p.error("a qnode's integers must name constants (strings)")
+                node.quant = roles
             elif kind == "meta":
-                graph.metadata = json.loads(p.rest())
+                graph.metadata = p.json_object("meta")
             else:
                 raise ModelFormatError(f"{where}:{lineno}: unknown line kind '{kind}'")
         except (ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
@@ -229,8 +250,8 @@ def load(path) -> Graph:
 
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        text = _read_bounded(path, MAX_TEXT_BYTES, "an IR text graph").decode("utf-8")
+    except UnicodeDecodeError as e:
         raise ModelFormatError(f"{path}: cannot read ({e})") from None
     header = next((ln for ln in text.splitlines()[:4] if ln.startswith("weights ")), None)
     if header is None:
@@ -239,10 +260,9 @@ def load(path) -> Graph:
     if not m:
         raise ModelFormatError(f"{path}: cannot parse the 'weights' line")
     wpath = path.parent / json.loads(m.group(1))
-    try:
-        blob = wpath.read_bytes()
-    except OSError:
-        raise ModelFormatError(f"{path}: its weights file {wpath} is missing; keep it next to the graph") from None
+    if not wpath.exists():
+        raise ModelFormatError(f"{path}: its weights file {wpath} is missing; keep it next to the graph")
+    blob = _read_safetensors(wpath)
     if hashlib.sha256(blob).hexdigest() != m.group(2):
         raise ModelFormatError(f"{path}: the weights file {wpath} does not belong to this graph (sha256 differs)")
     try:
@@ -250,3 +270,45 @@ def load(path) -> Graph:
     except Exception as e:
         raise ModelFormatError(f"{wpath}: not a readable safetensors file ({e})") from None
     return loads(text, str(path), weights)
+
+
+def _read_bounded(path: Path, limit: int, what: str) -> bytes:
+    """A regular file's bytes, refused unread when it is larger than ``limit`` (or endless: a
+    device, a pipe)."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ModelFormatError(f"{path}: not a regular file; give {what}")
+            if st.st_size > limit:
+                raise ModelFormatError(f"{path}: {st.st_size} bytes is more than {what} holds ({limit} at most)")
+            return f.read(limit + 1)[:limit]
+    except OSError as e:
+        raise ModelFormatError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def _read_safetensors(path: Path) -> bytes:
+    """A safetensors file read after its header's declared sizes are checked against the file's:
+    8 bytes of header length, the JSON header, then exactly the tensors' bytes it declares."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ModelFormatError(f"{path}: the weights file is not a regular file")
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if not 0 < n <= min(MAX_HEADER_BYTES, st.st_size - 8):
+                raise ModelFormatError(f"{path}: not a safetensors file (its header length does not fit the file)")
+            try:
+                header = json.loads(f.read(n))
+                ends = [int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"]
+            except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+                raise ModelFormatError(f"{path}: not a safetensors file (unreadable header)") from None
+            declared = 8 + n + max(ends, default=0)
+            if declared != st.st_size:
+                raise ModelFormatError(f"{path}: the weights file is {st.st_size} bytes but its header declares "
+                                       f"{declared}; it is truncated or padded: save the model again")
+            f.seek(0)
+            return f.read(declared)
+    except OSError as e:
+        raise ModelFormatError(f"{path}: cannot read ({e.strerror or e})") from None

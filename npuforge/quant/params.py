@@ -57,7 +57,18 @@ class QParams:
 
     @classmethod
     def from_json(cls, d: dict) -> "QParams":
-        return cls(d["dtype"], np.array(d["scale"], np.float32), np.array(d["zero_point"], np.int32), d["axis"])
+        """From ``to_json``'s object; ValueError naming what is wrong with any other."""
+        if not isinstance(d, dict) or not {"dtype", "scale", "zero_point"} <= d.keys():
+            raise ValueError("a quantization entry must be an object with dtype, scale, zero_point and axis")
+        if d["dtype"] not in QRANGES:
+            raise ValueError(f"quantization dtype {d['dtype']!r:.40} is not one of {', '.join(QRANGES)}")
+        axis = d.get("axis")
+        if axis is not None and (not isinstance(axis, int) or isinstance(axis, bool) or not 0 <= axis < 64):
+            raise ValueError(f"quantization axis {axis!r:.40} is not a dimension index")
+        scale, zero_point = np.array(d["scale"], np.float64), np.array(d["zero_point"], np.float64)
+        if not np.isfinite(scale).all() or not np.isfinite(zero_point).all() or scale.ndim > 1 or np.abs(zero_point).max(initial=0) > 2**31:
+            raise ValueError("quantization scale and zero_point must be finite numbers (one per channel at most)")
+        return cls(d["dtype"], scale.astype(np.float32), zero_point.astype(np.int32), axis)
 
     def same_as(self, other: "QParams") -> bool:
         return (self.dtype == other.dtype and self.axis == other.axis

@@ -72,7 +72,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import NpuforgeError, UnsupportedError
+from ..errors import ModelFormatError, NpuforgeError, UnsupportedError
 from ..ops.registry import get_op
 from ..quant.requant import activation_code_bounds, multiplier_value, quantize_multiplier
 from .float_exec import check_feeds, last_uses
@@ -135,7 +135,11 @@ class IntegerSimulator(ElementwiseKernels):
         return self.graph.values[name].quant
 
     def _int(self, node, role) -> np.ndarray:
-        return np.asarray(self.graph.values[node.quant[role]].data)
+        value = self.graph.values.get(node.quant.get(role, ""))
+        if value is None or not value.is_const:  # a hand-edited or damaged quantized file
+            raise ModelFormatError(f"node '{node.name}' ({node.op}): its quantization integer '{role}' is missing; "
+                                   f"quantize the model again")
+        return np.asarray(value.data)
 
     def _kind(self, node) -> str | None:
         kind = get_op(node.op).quant_kind(node, self.graph)
