@@ -101,7 +101,9 @@ def mutate(model: onnx.ModelProto, rng: random.Random) -> onnx.ModelProto:
     elif kind == 3:  # an initializer element (or all of it) non-finite, huge, or reshaped
         t = rng.choice(list(g.initializer))
         arr = numpy_helper.to_array(t).copy()
-        if arr.dtype == np.int64:
+        if arr.size == 0:
+            arr = np.zeros(3, arr.dtype)
+        elif arr.dtype == np.int64:
             arr.reshape(-1)[rng.randrange(arr.size)] = rng.choice(INTS[:-1])
         elif rng.random() < 0.8:
             arr.reshape(-1)[rng.randrange(arr.size)] = rng.choice(FLOATS)
@@ -112,7 +114,7 @@ def mutate(model: onnx.ModelProto, rng: random.Random) -> onnx.ModelProto:
         dim = rng.choice(list(g.input[0].type.tensor_type.shape.dim))
         dim.dim_value = rng.choice([0, 1, 2, 5, 2**31, 2**40])
     elif kind == 5:  # no outputs, or an output nothing produces
-        if rng.random() < 0.5:
+        if rng.random() < 0.5 or not g.output:
             del g.output[:]
         else:
             g.output[0].name = "nothing"

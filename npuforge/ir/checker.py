@@ -114,6 +114,9 @@ def find_problems(graph) -> list[str]:
     return problems
 
 
+_PAIRED_ROLES = (("multiplier", "shift"), ("act_min", "act_max"))
+
+
 def _quant_problems(graph) -> list[str]:
     """Quantization annotations: parameters that fit their value, integers that exist."""
     problems = []
@@ -128,6 +131,21 @@ def _quant_problems(graph) -> list[str]:
         if not (p.zero_point >= p.qmin).all() or not (p.zero_point <= p.qmax).all() or not (p.scale > 0).all():
             problems.append(f"value '{v.name}': zero point outside {p.dtype} or a non-positive scale")
     for n in graph.nodes:
+        out = graph.values.get(n.outputs[0]) if n.outputs and n.outputs[0] else None
+        if out is not None and out.quant is not None:
+            # an integer program reads integers: every float activation it reads has its grid
+            for name in n.inputs:
+                v = graph.values.get(name) if name else None
+                if v is not None and not v.is_const and v.dtype.startswith("float") and v.quant is None:
+                    problems.append(f"node '{n.name}' ({n.op}) is quantized but its input '{name}' has no "
+                                    f"quantization parameters; quantize the model again")
+            if get_op(n.op).quant_kind(n, graph) == "compute" and "weight" not in n.quant:
+                problems.append(f"node '{n.name}' ({n.op}): quantization integer 'weight' is missing; "
+                                f"quantize the model again")
+        for a, b in _PAIRED_ROLES:  # a requantization is a multiplier with its shift; a clamp has both bounds
+            if (a in n.quant) != (b in n.quant):
+                problems.append(f"node '{n.name}' ({n.op}): quantization integer '{b if a in n.quant else a}' is "
+                                f"missing beside '{a if a in n.quant else b}'; quantize the model again")
         for role, name in n.quant.items():
             v = graph.values.get(name)
             if v is None or not v.is_const or v.dtype not in ("int8", "uint8", "int16", "int32", "int64"):

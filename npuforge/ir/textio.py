@@ -106,8 +106,9 @@ def save(graph: Graph, path) -> None:
 class _Line:
     """A tiny tokenizer/parser for one line of the text format."""
 
-    def __init__(self, text: str, where: str):
+    def __init__(self, text: str, where: str, declared: set):
         self.text, self.pos, self.where = text, 0, where
+        self.declared = declared  # the value names of the lines before
 
     def error(self, msg: str):
         raise ModelFormatError(f"{self.where}: {msg} (at column {self.pos + 1})")
@@ -151,6 +152,9 @@ class _Line:
                 self.token()
         self.expect("]")
         check_size(name, dims, self.where)  # before any constant of that shape is built
+        if name in self.declared:
+            self.error(f"value '{name}' is declared twice")
+        self.declared.add(name)
         return name, dtype, tuple(dims)
 
     def rest(self) -> str:
@@ -169,11 +173,12 @@ def loads(text: str, where: str, weights: dict) -> Graph:
     if not lines or lines[0].strip() != MAGIC:
         raise ModelFormatError(f"{where}: not an npuforge IR file (first line should be '{MAGIC}')")
     graph = Graph()
+    declared: set[str] = set()
     for lineno, raw in enumerate(lines[1:], start=2):
         if not raw.strip() or raw.lstrip().startswith("#"):
             continue
         kind, _, body = raw.strip().partition(" ")
-        p = _Line(body, f"{where}:{lineno}")
+        p = _Line(body, f"{where}:{lineno}", declared)
         try:
             if kind == "graph":
                 graph.name = p.name()
@@ -240,7 +245,7 @@ def loads(text: str, where: str, weights: dict) -> Graph:
                 graph.metadata = p.json_object("meta")
             else:
                 raise ModelFormatError(f"{where}:{lineno}: unknown line kind '{kind}'")
-        except (ValueError, KeyError, TypeError, json.JSONDecodeError) as e:
+        except (ValueError, KeyError, TypeError, OverflowError, json.JSONDecodeError) as e:
             raise ModelFormatError(f"{where}:{lineno}: cannot parse ({e})") from None
     return graph
 
