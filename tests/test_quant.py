@@ -108,8 +108,9 @@ def test_folded_multiplier_rounds_once():
 def test_requant_multiplier_zero_and_errors():
     mult, shift = quantize_multiplier(np.array([0.0, 0.5]))
     assert mult[0] == 0 and mult[1] == 2**30 and shift[1] == 0
-    with pytest.raises(ValueError):
-        quantize_multiplier(np.array([-1.0]))
+    for bad in (-1.0, -np.inf, np.nan):  # a user's model (a -inf bias), not a bug: one line, exit 2
+        with pytest.raises(NpuforgeError, match="multiplier is"):
+            quantize_multiplier(np.array([0.5, bad]))
 
 
 # -- observers -----------------------------------------------------------------------

@@ -22,8 +22,9 @@ def quantize_multiplier(m) -> tuple[np.ndarray, np.ndarray]:
     m = np.asarray(m, np.float64)
     if np.any(m < 0) or not np.all(np.isfinite(m)):
         # (a bias of -inf, a scale of 0 or inf: the quantizer's checks should have named the node)
-        raise NpuforgeError("a requantization multiplier is not a finite non-negative number; a weight, bias or "
-                            "attribute of the model is NaN or infinite: fix it and quantize again")
+        bad = m[(m < 0) | ~np.isfinite(m)].reshape(-1)[0]
+        raise NpuforgeError(f"a requantization multiplier is {bad}, not a finite non-negative number: a weight, bias, "
+                            f"scale or attribute of the model is negative, NaN or infinite; fix it and quantize again")
     frac, exp = np.frexp(m)  # m = frac * 2^exp, frac in [0.5, 1)
     q = np.floor(frac * 2.0**31 + 0.5).astype(np.int64)  # half away from zero, as TFLite's TfLiteRound
     carry = q == 2**31  # frac rounded up to 1.0
