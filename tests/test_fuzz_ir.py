@@ -93,7 +93,8 @@ def mutate_text(text: str, rng: random.Random, weights_options: list) -> str:
             new = str(rng.choice([0, -1, 1, 7, 2**31, 10**12, "N"]))
             lines[k] = line[:d.start()] + new + line[d.end():]
     elif kind == 3:  # the weights line names another file
-        lines[next(i for i, ln in enumerate(lines) if ln.startswith("weights "))] = rng.choice(weights_options)
+        at = next((i for i, ln in enumerate(lines) if ln.startswith("weights ")), 2)
+        lines[at:at + 1] = [rng.choice(weights_options)]
     elif kind == 4:  # a line deleted, repeated or moved
         choice = rng.randrange(3)
         if choice == 0:

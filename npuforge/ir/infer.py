@@ -45,9 +45,6 @@ def attr_problems(op, node) -> list[str]:
     for key in node.attrs:
         if key not in op.attrs:
             problems.append(f"node '{node.name}' ({node.op}): unknown attribute '{key}'")
-    for key in op.attrs:
-        if key not in node.attrs:
-            problems.append(f"node '{node.name}' ({node.op}): attribute '{key}' is missing")
     return problems + attr_value_problems(op, node)
 
 

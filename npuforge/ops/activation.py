@@ -18,13 +18,19 @@ FUSED_ACTIVATIONS = {
     "LeakyRelu": ("alpha",),
 }
 FUSED_ATTRS = {"activation": "", "activation_params": []}
-FUSED_KINDS = {"activation_params": "floats"}  # (an empty default does not tell)
+FUSED_KINDS = {"activation_params": None}  # numbers or per-channel lists of them: check_fused reads them
 
 
 def check_fused(node, channels=None) -> None:
     name, params = node.attrs["activation"], node.attrs["activation_params"]
     if name not in FUSED_ACTIVATIONS:
         unsupported(node, f"fused activation '{name}' is not one of {', '.join(a for a in FUSED_ACTIVATIONS if a)}")
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if not isinstance(params, list) or not all(number(p) or (isinstance(p, list) and all(map(number, p)))
+                                               for p in params):
+        fail(node, f"activation_params {params!r:.60} must be a list of numbers or per-channel lists of them")
     if len(params) != len(FUSED_ACTIVATIONS[name]):
         fail(node, f"activation {name} takes params {list(FUSED_ACTIVATIONS[name])}, got {params}")
     for key, p in zip(FUSED_ACTIVATIONS[name], params):

@@ -157,9 +157,10 @@ _KIND_WORDS = {INT: "an integer", FLOAT: "a number", STR: "a string", INTS: "a l
 
 
 def attr_value_problems(op: Op, node) -> list[str]:
-    """Every attribute of ``node`` of the wrong kind or out of its op's range: the one check,
+    """Every attribute of ``node`` missing, of the wrong kind or out of its op's range: the one check,
     run before an op's import, shape rule or kernel reads them (they index, divide and allocate)."""
-    problems = []
+    problems = [f"node '{node.name}' ({node.op}): attribute '{key}' is missing" for key in op.attrs
+                if key not in node.attrs]
     for key, value in node.attrs.items():
         kind = attr_kind(op, key)
         if kind is None:
