@@ -115,7 +115,11 @@ def find_problems(graph) -> list[str]:
     return _quant_problems(graph)
 
 
-_PAIRED_ROLES = (("multiplier", "shift"), ("act_min", "act_max"))
+# The integers the quantizer always writes for a kind (quant/quantize.py _quantize_node: a
+# requantization for pools and matmuls, the weight codes for a compute op).
+_KIND_ROLES = {"compute": ("weight",), "pool": ("multiplier", "shift"), "matmul": ("multiplier", "shift")}
+# (a, b): a node with integer a has b (a shift alone is legal: LayerNorm's rule has no multiplier)
+_PAIRED_ROLES = (("multiplier", "shift"), ("act_min", "act_max"), ("act_max", "act_min"))
 
 
 def _quant_problems(graph) -> list[str]:
@@ -140,13 +144,14 @@ def _quant_problems(graph) -> list[str]:
                 if v is not None and not v.is_const and v.dtype.startswith("float") and v.quant is None:
                     problems.append(f"node '{n.name}' ({n.op}) is quantized but its input '{name}' has no "
                                     f"quantization parameters; quantize the model again")
-            if get_op(n.op).quant_kind(n, graph) == "compute" and "weight" not in n.quant:
-                problems.append(f"node '{n.name}' ({n.op}): quantization integer 'weight' is missing; "
+            for role in _KIND_ROLES.get(get_op(n.op).quant_kind(n, graph), ()):
+                if role not in n.quant:
+                    problems.append(f"node '{n.name}' ({n.op}): quantization integer '{role}' is missing; "
+                                    f"quantize the model again")
+        for a, b in _PAIRED_ROLES:  # a requantization's multiplier comes with its shift; a clamp has both bounds
+            if a in n.quant and b not in n.quant:
+                problems.append(f"node '{n.name}' ({n.op}): quantization integer '{b}' is missing beside '{a}'; "
                                 f"quantize the model again")
-        for a, b in _PAIRED_ROLES:  # a requantization is a multiplier with its shift; a clamp has both bounds
-            if (a in n.quant) != (b in n.quant):
-                problems.append(f"node '{n.name}' ({n.op}): quantization integer '{b if a in n.quant else a}' is "
-                                f"missing beside '{a if a in n.quant else b}'; quantize the model again")
         for role, name in n.quant.items():
             v = graph.values.get(name)
             if v is None or not v.is_const or v.dtype not in ("int8", "uint8", "int16", "int32", "int64"):
