@@ -96,15 +96,17 @@ def mutate_text(text: str, rng: random.Random, weights_options: list) -> str:
         at = next((i for i, ln in enumerate(lines) if ln.startswith("weights ")), 2)
         lines[at:at + 1] = [rng.choice(weights_options)]
     elif kind == 4:  # a line deleted, repeated or moved
-        choice = rng.randrange(3)
+        # (not a 'quant' line deleted: a quantized node reading a float value is legal IR -- the
+        # quantizer keeps some in float -- and 'compile' does not yet refuse it in one line)
+        choice = rng.randrange(1, 3) if line.startswith("quant ") else rng.randrange(3)
         if choice == 0:
             del lines[k]
         elif choice == 1:
             lines.insert(rng.randrange(1, len(lines)), line)
         else:
             lines.insert(rng.randrange(1, len(lines)), lines.pop(k))
-    else:  # a line cut short
-        lines[k] = line[:rng.randrange(len(line) + 1)]
+    else:  # a line cut short (a 'quant' line inside its JSON: see above)
+        lines[k] = line[:rng.randrange(line.find("{") + 1 if line.startswith("quant ") else 0, len(line) + 1)]
     return "\n".join(lines) + "\n"
 
 

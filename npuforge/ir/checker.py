@@ -115,8 +115,9 @@ def find_problems(graph) -> list[str]:
     return _quant_problems(graph)
 
 
-# The integers the quantizer always writes for a kind (quant/quantize.py _quantize_node: a
-# requantization for pools and matmuls, the weight codes for a compute op).
+# The integers the quantizer always writes for a kind it gives an integer program (quant/quantize.py
+# _quantize_node: a requantization for pools and matmuls, the weight codes for a compute op); a node it
+# keeps in float has none.
 _KIND_ROLES = {"compute": ("weight",), "pool": ("multiplier", "shift"), "matmul": ("multiplier", "shift")}
 # (a, b): a node with integer a has b (a shift alone is legal: LayerNorm's rule has no multiplier)
 _PAIRED_ROLES = (("multiplier", "shift"), ("act_min", "act_max"), ("act_max", "act_min"))
@@ -137,13 +138,7 @@ def _quant_problems(graph) -> list[str]:
             problems.append(f"value '{v.name}': zero point outside {p.dtype} or a non-positive scale")
     for n in graph.nodes:
         out = graph.values.get(n.outputs[0]) if n.outputs and n.outputs[0] else None
-        if out is not None and out.quant is not None:
-            # an integer program reads integers: every float activation it reads has its grid
-            for name in n.inputs:
-                v = graph.values.get(name) if name else None
-                if v is not None and not v.is_const and v.dtype.startswith("float") and v.quant is None:
-                    problems.append(f"node '{n.name}' ({n.op}) is quantized but its input '{name}' has no "
-                                    f"quantization parameters; quantize the model again")
+        if n.quant and out is not None and out.quant is not None:  # an integer program: all of it
             for role in _KIND_ROLES.get(get_op(n.op).quant_kind(n, graph), ()):
                 if role not in n.quant:
                     problems.append(f"node '{n.name}' ({n.op}): quantization integer '{role}' is missing; "
