@@ -242,7 +242,102 @@ def _bert_tiny():
     return Encoder(), ids
 
 
+def _torchvision_segmentation(name: str, size: int):
+    """A torchvision segmentation model, its dict output reduced to the 'out' map."""
+    def build():
+        import torch
+        import torchvision
+
+        class Out(torch.nn.Module):
+            def __init__(self, net):
+                super().__init__()
+                self.net = net
+
+            def forward(self, x):
+                return self.net(x)["out"]
+
+        net = torchvision.models.get_model(name, weights=None, weights_backbone=None, num_classes=21)
+        return Out(net), _image(size)
+
+    return build
+
+
+def _kws_dscnn1d():
+    """Keyword spotting on 40 MFCCs x 98 frames, the 1-D depthwise-separable CNN of the "Hello Edge"
+    DS-CNN class: Conv1d stem, 4 depthwise + pointwise blocks, average pool over time, a classifier."""
+    import torch
+    from torch import nn
+
+    def ds(c):
+        return nn.Sequential(nn.Conv1d(c, c, 3, padding=1, groups=c, bias=False), nn.BatchNorm1d(c), nn.ReLU(),
+                             nn.Conv1d(c, c, 1, bias=False), nn.BatchNorm1d(c), nn.ReLU())
+
+    net = nn.Sequential(nn.Conv1d(40, 64, 10, stride=2, padding=4, bias=False), nn.BatchNorm1d(64), nn.ReLU(),
+                        *(ds(64) for _ in range(4)), nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(64, 12))
+    x = torch.from_numpy(np.random.default_rng(EVAL_SEED).standard_normal((BATCH, 40, 98)).astype(np.float32))
+    return net, x
+
+
+class _FirstOutput:
+    """Wraps a Hugging Face model so the export sees one input and one tensor output."""
+
+    @staticmethod
+    def wrap(model, key: str):
+        import torch
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, x):
+                return getattr(self.model(x), key)
+
+        return Wrapped()
+
+
+def _hf_text(kind: str):
+    """A Hugging Face `transformers` encoder or decoder built from a small config (no weights):
+    token ids [1, SEQ] in, the last hidden states out."""
+    def build():
+        import torch
+        import transformers as tr
+
+        small = dict(vocab_size=VOCAB, max_position_embeddings=64)
+        if kind == "distilbert":
+            model = tr.DistilBertModel(tr.DistilBertConfig(dim=128, n_layers=2, n_heads=4, hidden_dim=512, **small))
+        elif kind == "gpt2":
+            model = tr.GPT2Model(tr.GPT2Config(n_embd=128, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64))
+        elif kind == "albert":
+            model = tr.AlbertModel(tr.AlbertConfig(embedding_size=64, hidden_size=128, num_hidden_layers=2,
+                                                   num_attention_heads=4, intermediate_size=512, **small))
+        else:
+            raise ValueError(kind)
+        model.config.return_dict = True
+        ids = torch.from_numpy(np.random.default_rng(EVAL_SEED).integers(0, VOCAB, (BATCH, SEQ)).astype(np.int64))
+        return _FirstOutput.wrap(model.eval(), "last_hidden_state"), ids
+
+    return build
+
+
+def _hf_wav2vec2():
+    """Hugging Face Wav2Vec2 from a small config (no weights): raw audio [1, 8000] in, through its 1-D
+    convolutional feature extractor (GroupNorm), the grouped positional convolution and 2 transformer
+    layers; the last hidden states out."""
+    import torch
+    import transformers as tr
+
+    config = tr.Wav2Vec2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                               conv_dim=(32, 32, 32, 32, 32, 32, 32), num_conv_pos_embeddings=16,
+                               num_conv_pos_embedding_groups=4, do_stable_layer_norm=False)
+    model = tr.Wav2Vec2Model(config).eval()
+    x = torch.from_numpy(np.random.default_rng(EVAL_SEED).standard_normal((BATCH, 8000)).astype(np.float32))
+    return _FirstOutput.wrap(model, "last_hidden_state"), x
+
+
+
 CNN, VIT, TV, HAND = "timm CNN", "timm transformer/hybrid", "torchvision", "hand-written"
+HF = "transformers (config, no weights)"
 MODELS: dict[str, tuple[str, object]] = {
     # timm CNNs
     "resnet18": (CNN, _timm("resnet18", 160)),
@@ -268,6 +363,15 @@ MODELS: dict[str, tuple[str, object]] = {
     "ese_vovnet19b_dw": (CNN, _timm("ese_vovnet19b_dw", 160)),
     "lcnet_050": (CNN, _timm("lcnet_050", 160)),
     "mobileone_s0": (CNN, _timm("mobileone_s0", 160)),
+    "mixnet_s": (CNN, _timm("mixnet_s", 160)),
+    "ghostnetv2_100": (CNN, _timm("ghostnetv2_100", 160)),
+    "mobilenetv4_conv_small": (CNN, _timm("mobilenetv4_conv_small", 160)),
+    "repvit_m0_9": (CNN, _timm("repvit_m0_9", 160)),
+    "hgnetv2_b0": (CNN, _timm("hgnetv2_b0", 160)),
+    "tinynet_a": (CNN, _timm("tinynet_a", 160)),
+    "fbnetv3_b": (CNN, _timm("fbnetv3_b", 160)),
+    "res2net50_14w_8s": (CNN, _timm("res2net50_14w_8s", 160)),
+    "inception_next_atto": (CNN, _timm("inception_next_atto", 160)),
     # timm transformers and hybrids
     "vit_tiny_patch16_224": (VIT, _timm("vit_tiny_patch16_224", 160, img_size=160)),
     "deit_tiny_patch16_224": (VIT, _timm("deit_tiny_patch16_224", 160, img_size=160)),
@@ -281,6 +385,15 @@ MODELS: dict[str, tuple[str, object]] = {
     "levit_128s": (VIT, _timm("levit_128s", 224)),
     "coat_lite_tiny": (VIT, _timm("coat_lite_tiny", 224)),
     "tiny_vit_5m_224": (VIT, _timm("tiny_vit_5m_224", 224)),
+    "efficientvit_m0": (VIT, _timm("efficientvit_m0", 224)),
+    "pvt_v2_b0": (VIT, _timm("pvt_v2_b0", 160)),
+    "gcvit_xxtiny": (VIT, _timm("gcvit_xxtiny", 224)),
+    "xcit_nano_12_p16_224": (VIT, _timm("xcit_nano_12_p16_224", 160)),
+    "pit_ti_224": (VIT, _timm("pit_ti_224", 224)),
+    "resmlp_12_224": (VIT, _timm("resmlp_12_224", 224)),
+    "mobilenetv4_hybrid_medium": (VIT, _timm("mobilenetv4_hybrid_medium", 160)),
+    "efficientformerv2_s0": (VIT, _timm("efficientformerv2_s0", 224)),
+    "visformer_tiny": (VIT, _timm("visformer_tiny", 224)),
     # torchvision
     "tv_squeezenet1_0": (TV, _torchvision("squeezenet1_0", 160)),
     "tv_squeezenet1_1": (TV, _torchvision("squeezenet1_1", 160)),
@@ -289,11 +402,18 @@ MODELS: dict[str, tuple[str, object]] = {
     "tv_mnasnet0_5": (TV, _torchvision("mnasnet0_5", 160)),
     "tv_mobilenet_v3_small": (TV, _torchvision("mobilenet_v3_small", 160)),
     "tv_regnet_y_400mf": (TV, _torchvision("regnet_y_400mf", 160)),
+    "tv_lraspp_mobilenet_v3_large": (TV, _torchvision_segmentation("lraspp_mobilenet_v3_large", 160)),
+    "tv_deeplabv3_mobilenet_v3_large": (TV, _torchvision_segmentation("deeplabv3_mobilenet_v3_large", 160)),
     # hand-written / built from a yaml
     "unet_small": (HAND, _unet),
     "yolo_head_tiny": (HAND, _yolo_head),
     "yolov8n": ("ultralytics (yaml, no weights)", _yolov8n),
     "bert_tiny": (HAND, _bert_tiny),
+    "kws_dscnn1d": (HAND, _kws_dscnn1d),
+    "hf_distilbert_small": (HF, _hf_text("distilbert")),
+    "hf_gpt2_small": (HF, _hf_text("gpt2")),
+    "hf_albert_small": (HF, _hf_text("albert")),
+    "hf_wav2vec2_small": (HF, _hf_wav2vec2),
 }
 
 # detectors: the score channels (axis 1 from index 4 on: after the 4 box coordinates) are
