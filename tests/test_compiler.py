@@ -207,6 +207,22 @@ def test_a_failed_compile_writes_nothing(small, capsys):
     assert out.read_bytes() == b"NPUB earlier"
 
 
+def test_a_quantized_file_missing_an_integer_is_one_line(small, capsys):
+    """A hand-edited IR whose qnode lost its multiplier: the lowering names the node (was a KeyError)."""
+    folder, _ = small
+    text = (folder / "small.nfir").read_text().splitlines()
+    qnode = next(i for i, line in enumerate(text) if line.startswith("qnode ") and '"multiplier"' in line)
+    name, record = text[qnode][len("qnode "):].split(" {", 1)
+    fields = json.loads("{" + record)
+    del fields["multiplier"]
+    text[qnode] = f"qnode {name} {json.dumps(fields)}"
+    (folder / "damaged.nfir").write_text("\n".join(text) + "\n")
+    assert cli_main(["compile", str(folder / "damaged.nfir"), "-o", str(folder / "damaged.npub")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("npuforge: error: ") and "\n" not in err and "'multiplier' is missing" in err, err
+    assert not (folder / "damaged.npub").exists()
+
+
 def test_corrupt_truncated_and_foreign_programs_are_refused(small, capsys):
     folder, graph = small
     data = compile_graph(graph, NPU256).data

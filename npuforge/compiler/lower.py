@@ -156,7 +156,11 @@ class _Lowering:
         return self.ids[name]
 
     def _int(self, node, role) -> np.ndarray:
-        return np.asarray(self.g.values[node.quant[role]].data)
+        value = self.g.values.get(node.quant.get(role, ""))
+        if value is None or not value.is_const:  # a hand-edited or damaged quantized file
+            raise ModelFormatError(f"node '{node.name}' ({node.op}): its quantization integer '{role}' is missing; "
+                                   f"quantize the model again")
+        return np.asarray(value.data)
 
     def _add(self, node, kind, inputs, params, weights=None, macs=0, ranks=(2, 3, 4)) -> None:
         if kind not in self.target.native_ops:
