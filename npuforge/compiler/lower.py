@@ -261,10 +261,13 @@ class _Lowering:
             _, h, w, c = value_layout(v)
         except ModelFormatError as e:
             raise UnsupportedError(f"{where}: {e}") from None
-        in_ir_order = (t.h * t.w == 1 or t.c == 1, h * w == 1 or c == 1)  # flat, or channel-last of one kind
-        if not (all(in_ir_order) or (not any(in_ir_order) and (t.h, t.w, t.c) == (h, w, c))):
-            raise UnsupportedError(f"{where}: reshaping {t.h} x {t.w} x {t.c} (H x W x C) to {list(v.shape)} moves "
-                                   f"bytes")
+        same_order = h * w == 1 or c == 1 or len(t.nchw) == len(value_dims(v))  # stored as the IR orders it
+        if (t.h, t.w, t.c) != (h, w, c) or not same_order:
+            # the same bytes under another record (a flat [1, L, 1] to [1, L]) would still be a copy: every
+            # consumer, NPU kernel or node command, reads its input under its own value's record; and a
+            # 3-D [1, L, D] (tokens, IR order) and a 4-D [1, D, 1, L] (channel-last) share a record, not an order
+            raise UnsupportedError(f"{where}: reshaping {t.h} x {t.w} x {t.c} (H x W x C) to {list(v.shape)} "
+                                   f"({h} x {w} x {c}) changes the tensor's record")
         p = v.quant
         if p is None or not (p.dtype == t.dtype and float(p.scale) == t.scale and int(p.zero_point) == t.zero_point):
             raise UnsupportedError(f"{where}: output parameters differ from the input's; a view cannot rescale")
