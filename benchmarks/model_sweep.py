@@ -24,7 +24,14 @@ with ``torch.onnx.export(model.eval(), x, path, opset_version=17, dynamo=False)`
   5. QDQ         ``to_qdq_onnx(q)`` in an ONNX Runtime session with its default
                  optimizations (ORT_ENABLE_ALL): ok or the error, cosine vs
                  fake-quant per output
-  6. seconds     per stage and for the whole model (build + export included)
+  6. compile     ``compile_graph`` for npu256 and npu1k: NPU share of MACs, CPU ops, and the program
+                 simulator's output codes against the integer simulator's (first sample)
+  7. TFLite      quantized again with ``QuantConfig(target="tflite")`` (same calibration), exported
+                 by ``to_tflite``, and LiteRT's reference kernels against the integer simulator on
+                 2 seeded inputs (``npuforge.export.litert_check.compare``; needs ``ai-edge-litert``
+                 in the sweep venv); ``--export-dir`` keeps each export for
+                 ``benchmarks/compile_vs_vela.py``
+  8. seconds     per stage and for the whole model (build + export included)
 
 Each model runs in its own subprocess (``--worker``) under a timeout, so a crash,
 a hang or an exception in one never stops the sweep; every failure is recorded
@@ -39,6 +46,7 @@ npuforge's own .venv, so the sweep has a venv of its own, outside the repo)::
     /work/sweep-venv/bin/pip install timm            # 1.0.31
     /work/sweep-venv/bin/pip install ultralytics     # optional: YOLOv8n built from its yaml, no weights
     /work/sweep-venv/bin/pip install -e /work/main onnxscript
+    /work/sweep-venv/bin/pip install ai-edge-litert==2.3.0   # the TFLite stage's LiteRT check
 
 Run (one model at a time, one thread)::
 
@@ -464,7 +472,7 @@ def _by_position(q_outputs, ref: dict, ref_outputs) -> dict:
 FLOAT_WARNING = re.compile(r"^node '(?P<node>.*)' \((?P<op>[^)]*)\) kept in float: (?P<reason>.*)$", re.S)
 
 
-def run_worker(name: str, record_path: Path, workdir: Path) -> None:
+def run_worker(name: str, record_path: Path, workdir: Path, export_dir: Path | None = None) -> None:
     import torch
 
     torch.manual_seed(0)
@@ -662,6 +670,35 @@ def run_worker(name: str, record_path: Path, workdir: Path) -> None:
                                       "codes_differing": differ}
         stage(f"compile_{target}", compiled)
         save()
+
+    # 7. the int8 TFLite export: quantized again with target 'tflite' (same calibration), exported, and
+    # LiteRT's reference kernels against the integer simulator on TFLITE_SAMPLES seeded inputs ----------
+    from npuforge.export.litert_check import compare
+    from npuforge.export.tflite_export import to_tflite
+    from npuforge.quant import QuantConfig
+
+    qt = stage("tflite_quantize", lambda: npuforge.quantize(graph, calib, QuantConfig(target="tflite"),
+                                                            log=lambda m: None))
+    data = stage("tflite_export", lambda: to_tflite(qt)) if qt is not None else None
+    if data is not None:
+        rec["tflite"] = {"bytes": len(data)}
+        if export_dir is not None:  # for benchmarks/compile_vs_vela.py: the export and the IR it came from
+            from npuforge.ir import textio
+
+            export_dir.mkdir(parents=True, exist_ok=True)
+            (export_dir / f"{name}.tflite").write_bytes(data)
+            textio.save(qt, export_dir / f"{name}.tflite.nfir")
+
+        def litert():
+            rng = np.random.default_rng(EVAL_SEED + 1)
+            batches = [{qt.inputs[0]: x_np[:1]}]
+            for _ in range(TFLITE_SAMPLES - 1):
+                other = (rng.integers(0, VOCAB, x_np[:1].shape).astype(np.int64) if x_np.dtype == np.int64
+                         else rng.standard_normal(x_np[:1].shape).astype(np.float32))
+                batches.append({qt.inputs[0]: other})
+            rec["tflite"]["litert"] = compare(qt, data, batches)
+
+        stage("tflite_litert", litert)
     rec["done"] = True
     save()
 
@@ -671,14 +708,16 @@ def run_worker(name: str, record_path: Path, workdir: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 COMPILE_TARGETS = ("npu256", "npu1k")
+TFLITE_SAMPLES = 2
 STAGES = ("build", "export", "import", "float_vs_ort", "quantize", "fake_quant", "integer_sim", "lowering",
-          "lowered_run", "qdq_ort") + tuple(f"compile_{t}" for t in COMPILE_TARGETS)
+          "lowered_run", "qdq_ort") + tuple(f"compile_{t}" for t in COMPILE_TARGETS) + (
+          "tflite_quantize", "tflite_export", "tflite_litert")
 
 
-def run_one(name: str, timeout: float, workdir: Path) -> dict:
+def run_one(name: str, timeout: float, workdir: Path, export_dir: Path | None = None) -> dict:
     record = workdir / f"{name}.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--record", str(record),
-           "--workdir", str(workdir)]
+           "--workdir", str(workdir)] + (["--export-dir", str(export_dir)] if export_dir else [])
     start = time.perf_counter()
     status, tail = "ok", ""
     try:
@@ -824,11 +863,25 @@ def _compile_cell(rec, target: str) -> str:
     return f"{100 * c['npu_macs_fraction']:.1f} %, {exact}"
 
 
+def _tflite_cell(rec) -> str:
+    for s in ("tflite_quantize", "tflite_export", "tflite_litert"):
+        v = rec["stages"].get(s)
+        if v is None:
+            return "-"
+        if v != "ok":
+            return f"FAIL ({s.split('_')[1]}): " + _short(v, 60)
+    r = rec["tflite"]["litert"]
+    same = "exact" if r["bit_exact_samples"] == r["samples"] else \
+        f"{r['codes_differing']} codes differ (max {r['max_code_difference']})"
+    return f"{r['bit_exact_samples']}/{r['samples']} {same}"
+
+
 def table(records: list[dict]) -> str:
     head = ("| model | family | import | float rel. err | nodes left float (ops, reason) | int16 concats | "
             "int vs fake cos (min) | fake vs float cos (min) | ORT lowering | QDQ in ORT (cos vs fake) | "
-            + " | ".join(f"{t}: NPU MACs, program vs int" for t in COMPILE_TARGETS) + " | s |")
-    lines = [head, "|" + "---|" * (11 + len(COMPILE_TARGETS))]
+            + " | ".join(f"{t}: NPU MACs, program vs int" for t in COMPILE_TARGETS)
+            + " | TFLite: LiteRT ref vs int | s |")
+    lines = [head, "|" + "---|" * (12 + len(COMPILE_TARGETS))]
     for rec in records:
         st = rec["stages"]
         imp = st.get("import")
@@ -869,7 +922,7 @@ def table(records: list[dict]) -> str:
         worker = "" if rec.get("worker", "ok") == "ok" else f" ({rec['worker']})"
         compiled = " | ".join(_compile_cell(rec, t) for t in COMPILE_TARGETS)
         lines.append(f"| {rec['model']}{worker} | {rec['family']} | {imp} | {rel} | {fl} | {i16} | {ci_cell} | "
-                     f"{cf_cell} | {_lowering_cell(rec)} | {qdq_cell} | {compiled} | {secs} |")
+                     f"{cf_cell} | {_lowering_cell(rec)} | {qdq_cell} | {compiled} | {_tflite_cell(rec)} | {secs} |")
     return "\n".join(lines)
 
 
@@ -925,6 +978,14 @@ def summary(records: list[dict]) -> str:
         ("QDQ file runs in ONNX Runtime (ORT_ENABLE_ALL)", count(lambda r: ok(r, "qdq_ort"))),
         ("QDQ in ONNX Runtime vs fake-quant cosine >= 0.99", sum(1 for v in cq.values()
                                                                  if v is not None and v >= 0.99)),
+    ] + [(f"compiled for {t}, program = integer simulator", count(
+        lambda r, t=t: ok(r, f"compile_{t}") and not any(r["compile"][t]["codes_differing"].values())))
+        for t in COMPILE_TARGETS] + [
+        ("quantized with target 'tflite'", count(lambda r: ok(r, "tflite_quantize"))),
+        ("int8 TFLite written", count(lambda r: ok(r, "tflite_export"))),
+        ("... LiteRT reference kernels = integer simulator on every sample", count(
+            lambda r: ok(r, "tflite_litert") and r["tflite"]["litert"]["bit_exact_samples"]
+            == r["tflite"]["litert"]["samples"])),
     ]
     out = ["| criterion | models |", "|---|---:|"] + [f"| {a} | {b} |" for a, b in rows]
     total = sum(r["seconds"].get("wall", 0) for r in records)
@@ -1009,13 +1070,16 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="list the models and exit")
     ap.add_argument("--rev", help="run npuforge as committed at this git revision (git archive into a temporary "
                                   "folder put first on PYTHONPATH), not the working tree")
+    ap.add_argument("--export-dir", help="write each model's int8 TFLite export (NAME.tflite) and the quantized IR "
+                    "it came from (NAME.tflite.nfir) here, for benchmarks/compile_vs_vela.py")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--record", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.worker:
-        run_worker(args.worker, Path(args.record), Path(args.workdir))
+        run_worker(args.worker, Path(args.record), Path(args.workdir),
+                   Path(args.export_dir) if args.export_dir else None)
         return 0
     if args.list:
         for name, (family, _) in MODELS.items():
@@ -1050,7 +1114,8 @@ def main(argv=None) -> int:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             start = time.perf_counter()
             for i, name in enumerate(names, 1):
-                rec = run_one(name, args.timeout, Path(tmp))
+                rec = run_one(name, args.timeout, Path(tmp),
+                              Path(args.export_dir).resolve() if args.export_dir else None)
                 records.append(rec)
                 f = _first_failure(rec)
                 print(f"[{i}/{len(names)}] {name}: {rec['seconds'].get('wall')} s"
