@@ -1,7 +1,8 @@
 """Random small CNNs as ONNX models, for the compiler's differential tests: conv stacks with
 stride, asymmetric padding, dilation and groups (depthwise included), fused activations,
 residual adds, channel concats, max / average pooling, bilinear resizes, lookup-table
-activations, a gated multiply and an optional classifier head."""
+activations, a gated multiply, 1-D convolutions and pools over the map as a signal, and an optional
+classifier head."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def random_model(draw, st, rng):
     for _ in range(draw(st.integers(1, 6))):
         # the last three have no NPU kernel on npu256: node commands on the host CPU between NPU layers
         kind = draw(st.sampled_from(["conv", "conv", "residual", "concat", "maxpool", "avgpool", "resize", "lut",
-                                     "gate", "transpose", "softmax", "scale"]))
+                                     "gate", "transpose", "softmax", "scale", "signal"]))
         c, h, w = shape
         if kind == "conv" or (kind in ("maxpool", "avgpool") and min(h, w) < 3):
             x, shape = b.conv(x, shape, **conv_args(draw, st, shape))
@@ -120,6 +121,15 @@ def random_model(draw, st, rng):
             x = b.node("Softmax", [x], axis=1)
         elif kind == "scale":  # a per-channel constant operand
             x = b.node("Mul", [x, b.const(rng.uniform(0.5, 2.0, (1, c, 1, 1)).astype(np.float32))])
+        elif kind == "signal":  # the map as a [1, C, H * W] signal through 1-D convolutions and a pool, and back
+            y = b.node("Reshape", [x, b.const(np.array([1, c, h * w], np.int64))])
+            for _ in range(draw(st.integers(1, 2))):
+                cout, group = (c, c) if draw(st.booleans()) else (draw(st.integers(1, 6)), 1)
+                wt = rng.normal(0, 1.0 / np.sqrt(3 * c // group), (cout, c // group, 3)).astype(np.float32)
+                y = b.node("Relu", [b.node("Conv", [y, b.const(wt)], kernel_shape=[3], pads=[1, 1], group=group)])
+                c = cout
+            y = b.node(draw(st.sampled_from(["MaxPool", "AveragePool"])), [y], kernel_shape=[3], pads=[1, 1])
+            x, shape = b.node("Reshape", [y, b.const(np.array([1, c, h, w], np.int64))]), (c, h, w)
         else:  # gate: x * sigmoid(conv(x))
             y, _ = b.conv(x, shape, c, 1, 1, 1, 1, [0, 0, 0, 0], "")
             x = b.node("Mul", [x, b.node("Sigmoid", [y])])

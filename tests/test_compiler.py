@@ -72,6 +72,8 @@ def test_program_simulator_equals_integer_simulator_on_random_cnns(data):
     event(f"cascades: {len(program.stats['cascades'])}")
     event(f"spilled tensors: {len(program.stats['spilled_tensors'])}")
     event(f"host CPU commands: {'some' if program.stats['cpu_commands'] else 'none'}")
+    one_d = any(n.op == "Conv" and len(graph.values[n.inputs[0]].shape) == 3 for n in graph.nodes)
+    event(f"1-D convolutions: {'some' if one_d else 'none'}")
     assert program.peak <= budget
     assert program.peak >= program.stats["liveness_bound"]
     assert (program.stats["spilled_bytes"] > 0) == bool(program.stats["spilled_tensors"])

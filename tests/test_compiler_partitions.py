@@ -113,6 +113,17 @@ def test_the_transformer_class_target_keeps_only_float_nodes_on_the_cpu(quantize
         assert {"Softmax", "LayerNormalization", "MatMul"} <= set(small.stats["cpu_ops"])
 
 
+def test_one_d_convolutions_and_pools_run_on_the_npu_as_2d_kernels(quantized):
+    """npu256 has 2-D kernels only: the 1-D ones run there with H = 1, every MAC on the NPU; what is left on
+    the CPU moves codes (the signal into the channel-last record and the pooled result out of it)."""
+    name, q = quantized
+    if name != "audio":
+        pytest.skip("the audio model has the 1-D ops")
+    s = compile_graph(q, load_target("npu256")).stats
+    assert s["npu_macs_fraction"] == 1.0, s["cpu_ops"]
+    assert not {"Conv", "MaxPool", "GlobalAveragePool"} & set(s["cpu_ops"]), s["cpu_ops"]
+
+
 def get_kind(q, node):
     from npuforge.ops.registry import get_op
 

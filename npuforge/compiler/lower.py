@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import ModelFormatError, UnsupportedError
 from ..ir.infer import input_infos
 from ..ops.registry import TensorInfo, get_op
+from ..quant.as_2d import as_2d
 from ..quant.requant import activation_code_bounds, extra_bits, multiplier_value, quantize_multiplier
 from ..sim.int_ops import max_abs_code
 from .binfmt import DTYPE_BYTES, MAX_INPUTS, QRANGE
@@ -459,4 +460,4 @@ def lower(graph, target) -> Lowered:
     """The NPU operations of a quantized graph (one-line errors name the node that cannot be lowered)."""
     if not any(v.quant is not None for v in graph.values.values()):
         raise UnsupportedError(f"graph '{graph.name}' is not quantized; quantize it first (npuforge quantize)")
-    return _Lowering(graph, target).run()
+    return _Lowering(as_2d(graph), target).run()  # 1-D convolutions and pools as the 2-D kernels (H = 1)
