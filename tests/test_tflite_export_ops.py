@@ -169,6 +169,20 @@ def test_instance_norm_and_l2_normalize_as_builtins():
     assert "MEAN" in op_names(model) and "GATHER" in op_names(model)
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_average_pool_counting_its_padding_is_pad_then_valid(seed):
+    """count_include_pad=1 (inception_v3): PAD with the zero point, then AVERAGE_POOL_2D VALID over whole
+    windows, the codes' mean rounded half away as the simulator's code_average; seed 2: asymmetric pads
+    (a Pad folded into the pool)."""
+    rng = np.random.default_rng(seed)
+    c, h, w = dims(rng, 3, 3, 12)
+    k, s = int(rng.integers(2, 4)), int(rng.integers(1, 3))
+    pool = nn.AvgPool2d(k, s, k // 2, count_include_pad=True) if seed < 2 else \
+        Lambda(lambda x: F.avg_pool2d(F.pad(x, (0, 1, 1, 0)), k, s))
+    _, model = assert_bit_exact(nn.Sequential(nn.Conv2d(3, c, 1), pool), [(1, 3, h, w)], seed=seed)
+    assert op_names(model) == ["CONV_2D", "PAD", "AVERAGE_POOL_2D"]
+
+
 def test_shape_reading_ops_get_4d_tensors_in_the_ir_shape():
     """A 4-D operand whose NHWC and NCHW orders agree (C == 1) still needs the IR's shape."""
     assert_bit_exact(Lambda(lambda x, y: x @ y), [(1, 1, 5, 8), (1, 1, 8, 6)])

@@ -213,13 +213,18 @@ class _Exporter:
             out = -(-n // s)
             same.append(max((out - 1) * s + (k - 1) * d + 1 - n, 0))
         same_pads = [t // 2 for t in same] + [t - t // 2 for t in same]
-        t = self.activation(x)
         if list(pads) == same_pads:
-            return Padding.SAME, t
+            return Padding.SAME, self.activation(x)
         if not any(pads):
-            return Padding.VALID, t
+            return Padding.VALID, self.activation(x)
         if pad_value is None:
             _refuse(node, f"pads {list(pads)} are neither TFLite's SAME nor VALID")
+        return Padding.VALID, self.padded(node, x, pads, pad_value)
+
+    def padded(self, node, x: str, pads, pad_value: int) -> int:
+        """The 4-D value ``x`` with explicit pads [top, left, bottom, right]: PAD with the zero point
+        (``pad_value`` 0), or PADV2 with another fill code."""
+        t = self.activation(x)
         p = self.qp(x)
         fill = int(p.zero_point) if pad_value == 0 else pad_value
         shape = list(self.shape(x))
@@ -233,7 +238,7 @@ class _Exporter:
         else:  # PADV2: an explicit fill code (a max pool's padding is the lowest code)
             fill_t = self.const(f"{node.name}::fill", np.array([fill]), "int8", self.quant(p))
             self.op("PADV2", ins + [fill_t], [padded], "PadV2Options", version=2)
-        return Padding.VALID, padded
+        return padded
 
     def compute_io(self, node, xt: int, xq: QParams, wscale, units: int) -> tuple:
         """(input tensor, bias tensor, 16x8?) of a CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED: the int8
@@ -383,6 +388,8 @@ class _Exporter:
         tensor_ops.reduce(self, node, "MEAN", axes, keep)
 
     def pool(self, node):
+        from tflite.Padding import Padding
+
         a = node.attrs
         x, y = node.inputs[0], node.outputs[0]
         xq, yq = self.qp(x), self.qp(y)
@@ -390,17 +397,19 @@ class _Exporter:
             _refuse(node, "TFLite pools 4-D tensors without dilations")
         if a.get("ceil_mode", 0) and node.op == "AveragePool":
             _refuse(node, "TFLite's AVERAGE_POOL_2D has no ceil_mode")
-        counted_pads = a.get("count_include_pad", 0) and any(a["pads"] or [])
-        if node.op == "AveragePool" and (counted_pads or not xq.same_as(yq) or "code_average" not in node.quant):
-            _refuse(node, "TFLite's int8 AVERAGE_POOL_2D excludes padding and keeps its input's parameters")
+        if node.op == "AveragePool" and (not xq.same_as(yq) or "code_average" not in node.quant):
+            _refuse(node, f"TFLite's int8 AVERAGE_POOL_2D averages codes on its input's grid ({self.remedy()})")
         k, s = a["kernel_shape"], a["strides"] or [1, 1]
-        fill = xq.qmin if node.op == "MaxPool" else None  # a padded average would count the pads
         pads = a["pads"] or [0] * 4
         if a.get("ceil_mode", 0):  # the last windows reach past the input: padded with the lowest code
             from ..ops.registry import get_op
 
             pads = [max(0, p) for p in get_op("MaxPool").exact_pads(node, self.dims(x))]
-        padding, xt = self.padding(node, x, k, s, [1, 1], pads, fill)
+        if node.op == "AveragePool" and a.get("count_include_pad", 0) and any(pads):
+            # counted padding: the zero point's code padded in (PAD), then every window is whole (VALID)
+            padding, xt = Padding.VALID, self.padded(node, x, pads, 0)
+        else:  # an average's SAME padding is not counted, as ONNX's count_include_pad=0; other pads refused
+            padding, xt = self.padding(node, x, k, s, [1, 1], pads, xq.qmin if node.op == "MaxPool" else None)
         self.op("AVERAGE_POOL_2D" if node.op == "AveragePool" else "MAX_POOL_2D", [xt], [self.activation(y)],
                 "Pool2DOptions", version=2, Padding=padding, StrideH=s[0], StrideW=s[1], FilterHeight=k[0],
                 FilterWidth=k[1], FusedActivationFunction=0)
