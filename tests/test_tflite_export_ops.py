@@ -183,6 +183,14 @@ def test_average_pool_counting_its_padding_is_pad_then_valid(seed):
     assert op_names(model) == ["CONV_2D", "PAD", "AVERAGE_POOL_2D"]
 
 
+@pytest.mark.parametrize("axes,keep", [((-1,), True), ((1,), False), ((2, 3), True)])
+def test_reduce_sum_is_mean_times_count(axes, keep):
+    """mobilevitv2's context vector: ReduceSum as MEAN and MUL by the element count (LiteRT's reference
+    SUM does not compute its own integer program)."""
+    _, model = assert_bit_exact(Lambda(lambda x: x.sum(axes, keepdim=keep)), [(1, 5, 4, 6)])
+    assert {"MEAN", "MUL"} <= set(op_names(model)) and "SUM" not in op_names(model)
+
+
 def test_shape_reading_ops_get_4d_tensors_in_the_ir_shape():
     """A 4-D operand whose NHWC and NCHW orders agree (C == 1) still needs the IR's shape."""
     assert_bit_exact(Lambda(lambda x, y: x @ y), [(1, 1, 5, 8), (1, 1, 8, 6)])
