@@ -191,6 +191,18 @@ def test_reduce_sum_is_mean_times_count(axes, keep):
     assert {"MEAN", "MUL"} <= set(op_names(model)) and "SUM" not in op_names(model)
 
 
+@pytest.mark.parametrize("fn,shape,tiled", [(lambda x: x.repeat(1, 2, 3), (1, 4, 5), True),
+                                            (lambda x: x[:, None].repeat(1, 3, 1, 2, 1), (1, 2, 4, 5), True),
+                                            (lambda x: x.mean(-1, keepdim=True).expand(-1, -1, -1, 7), (1, 3, 4, 5),
+                                             False),
+                                            (lambda x: x.expand(2, -1, -1), (4, 5), False)])
+def test_tile_and_expand_copy_codes(fn, shape, tiled):
+    """Tile (gcvit's global query; torch writes it after an Expand to ones) and Expand (mobilevitv2's
+    broadcast context; a rank change is broadcast in the IR's order): TILE and BROADCAST_TO."""
+    _, model = assert_bit_exact(Lambda(fn), [shape])
+    assert "BROADCAST_TO" in op_names(model) and ("TILE" in op_names(model)) == tiled
+
+
 def test_shape_reading_ops_get_4d_tensors_in_the_ir_shape():
     """A 4-D operand whose NHWC and NCHW orders agree (C == 1) still needs the IR's shape."""
     assert_bit_exact(Lambda(lambda x, y: x @ y), [(1, 1, 5, 8), (1, 1, 8, 6)])

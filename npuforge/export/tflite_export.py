@@ -608,7 +608,9 @@ class _Exporter:
                 "Resize": resize, "Softmax": softmax, "Transpose": transpose, "Slice": slice, "Split": split,
                 "Gather": lambda self, node: tensor_ops.gather(self, node),
                 "ReduceMax": lambda self, node: tensor_ops.reduce_select(self, node),
-                "ReduceMin": lambda self, node: tensor_ops.reduce_select(self, node)}
+                "ReduceMin": lambda self, node: tensor_ops.reduce_select(self, node),
+                "Tile": lambda self, node: tensor_ops.tile(self, node),
+                "Expand": lambda self, node: tensor_ops.expand(self, node)}
 
     # -- graph -------------------------------------------------------------------------
     def boundary(self, name: str, output: bool) -> int:
@@ -632,7 +634,7 @@ class _Exporter:
                 _refuse(node, "no TFLite mapping for this op yet (docs/tflite.md lists the ops written)")
             if not node.quant and node.op not in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Concat", "Pad",
                                                   "MaxPool", "Resize", "Transpose", "Slice", "Split", "Gather",
-                                                  "ReduceMax", "ReduceMin"):
+                                                  "ReduceMax", "ReduceMin", "Tile", "Expand"):
                 _refuse(node, "it was kept in float")
             handler(self, node)
         outputs = [self.boundary(name, output=True) for name in g.outputs]

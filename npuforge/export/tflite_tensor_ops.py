@@ -1,5 +1,6 @@
 """TFLite mappings of the ops sequence and transformer models bring: a MatMul of two activations
-(BATCH_MATMUL), SOFTMAX, MEAN, REDUCE_MAX and REDUCE_MIN on any axes, GATHER of a table by token ids.
+(BATCH_MATMUL), SOFTMAX, MEAN, REDUCE_MAX and REDUCE_MIN on any axes, GATHER of a table by token
+ids, TILE and BROADCAST_TO.
 
 Each handler takes the exporter (tflite_export._Exporter) and the node. TFLite keeps 4-D tensors
 in NHWC; these ops are written on the IR's (NCHW) element order where their axes would otherwise
@@ -108,6 +109,34 @@ def reduce_select(ex, node) -> None:
         refuse(node, "its output does not share its input's parameters")
     reduce(ex, node, "REDUCE_MAX" if node.op == "ReduceMax" else "REDUCE_MIN", axes,
            bool(node.attrs.get("keepdims", 1)))
+
+
+def tile(ex, node) -> None:
+    """Tile: TILE with the repeats moved to the file's axes (a copy of codes on one grid)."""
+    x, y = node.inputs[0], node.outputs[0]
+    if not ex.qp(x).same_as(ex.qp(y)):
+        refuse(node, "its output does not share its input's parameters")
+    repeats = np.asarray(ex.g.values[node.inputs[1]].data).reshape(-1)
+    if len(repeats) == 4:
+        repeats = repeats[list(NCHW_TO_NHWC)]
+    ex.op("TILE", [ex.activation(x), ex.int32s(f"{node.name}::multiples", repeats)], [ex.activation(y)],
+          "TileOptions", version=2)
+
+
+def expand(ex, node) -> None:
+    """Expand: BROADCAST_TO (a copy of codes on one grid). Both align shapes on the right: between
+    tensors of one rank in the file's layout; a rank change in the IR's order (a 4-D tensor moved from
+    or to it)."""
+    x, y = node.inputs[0], node.outputs[0]
+    if not ex.qp(x).same_as(ex.qp(y)):
+        refuse(node, "its output does not share its input's parameters")
+    if len(ex.dims(x)) == len(ex.dims(y)):
+        ex.op("BROADCAST_TO", [ex.activation(x), ex.int32s(f"{node.name}::shape", ex.shape(y))],
+              [ex.activation(y)], version=2)
+        return
+    src = ex.ir_shaped(x)
+    write_in_ir_order(ex, y, lambda out: ex.op("BROADCAST_TO", [src, ex.int32s(f"{node.name}::shape", ex.dims(y))],
+                                               [out], version=2))
 
 
 def gather(ex, node) -> None:
