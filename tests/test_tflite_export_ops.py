@@ -40,19 +40,19 @@ def _feed(rng, shape, ids: int, scale: float):
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
-def exported(module: nn.Module, shapes: list, ids: int = 0, seed: int = 0, config: QuantConfig = TARGET):
+def exported(module: nn.Module, shapes: list, ids: int = 0, seed: int = 0, config: QuantConfig = TARGET, log=None):
     """(quantized IR, .tflite bytes) of ``module`` calibrated on seeded inputs of ``shapes``."""
     rng = np.random.default_rng(seed)
     example = tuple(torch.from_numpy(_feed(rng, s, ids, 1.0)) for s in shapes)
     graph = npuforge.from_torch(module.eval(), example if len(example) > 1 else example[0], dynamic_batch=False)
     calib = [{n: _feed(rng, s, ids, 1.0) for n, s in zip(graph.inputs, shapes)} for _ in range(4)]
-    q = npuforge.quantize(graph, calib, config, log=lambda m: None)
+    q = npuforge.quantize(graph, calib, config, log=log or (lambda m: None))
     return q, to_tflite(q)
 
 
 def assert_bit_exact(module: nn.Module, shapes: list, ids: int = 0, seed: int = 0, runs: int = 2,
-                     config: QuantConfig = TARGET):
-    q, model = exported(module, shapes, ids, seed, config)
+                     config: QuantConfig = TARGET, log=None):
+    q, model = exported(module, shapes, ids, seed, config, log)
     sim, it = IntegerSimulator(q), interpreter(model)
     rng = np.random.default_rng(seed + 1)
     for _ in range(runs):
@@ -201,6 +201,21 @@ def test_tile_and_expand_copy_codes(fn, shape, tiled):
     broadcast context; a rank change is broadcast in the IR's order): TILE and BROADCAST_TO."""
     _, model = assert_bit_exact(Lambda(fn), [shape])
     assert "BROADCAST_TO" in op_names(model) and ("TILE" in op_names(model)) == tiled
+
+
+def test_near_constant_softmax_input_gets_the_smallest_step_tflite_takes():
+    """An attention Softmax of random weights: its input range far below 255 * 2^-26. target='tflite'
+    widens the step (noted); with TFLite's multipliers alone it is one line naming the way out."""
+    from npuforge.quant.tflite_softmax import SMALLEST_STEP
+
+    notes = []
+    q, model = assert_bit_exact(Lambda(lambda x: torch.softmax(x * 1e-8, -1)), [(1, 6, 12)], log=notes.append)
+    softmax = next(n for n in q.nodes if n.op == "Softmax")
+    assert q.values[softmax.inputs[0]].quant.scale == SMALLEST_STEP and "SOFTMAX" in op_names(model)
+    assert any("(Softmax): its input step" in n and "widened to 1.49e-08" in n for n in notes), notes
+    with pytest.raises(npuforge.NpuforgeError, match=r"input step .* not above the 2\^-26 .*target 'tflite'"):
+        exported(Lambda(lambda x: torch.softmax(x * 1e-8, -1)), [(1, 6, 12)],
+                 config=QuantConfig(activation_dtype="int8", tflite_multipliers=True))
 
 
 def test_shape_reading_ops_get_4d_tensors_in_the_ir_shape():

@@ -40,6 +40,7 @@ from .requant import (TFLITE_ADD_LEFT_SHIFT, activation_code_bounds, requant_mul
                       tflite_mean_multiplier)
 from .tflite_16x8 import ADD_LEFT_SHIFT_16, add_multipliers_16, multiplier_16x8, writable_groups
 from .tflite_rewrites import decompose_for_tflite, split_fused_leaky_relu
+from .tflite_softmax import widen_small_steps
 from .tflite_tables import fixed_output, tflite_table
 
 
@@ -405,6 +406,8 @@ def apply_parameters(graph, plan: Plan, observers: dict, config: QuantConfig, lo
         graph.values[name].quant = p
     if config.tflite_multipliers:
         _fix_tflite_outputs(graph, plan)
+    if config.target == "tflite":  # a near-constant Softmax input: the smallest step TFLite's SOFTMAX takes
+        widen_small_steps(graph, plan, log)
     widened = []
     for node in graph.nodes:
         kind = plan.kinds.get(node.name)

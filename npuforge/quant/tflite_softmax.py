@@ -19,6 +19,7 @@ import torch
 
 from ..errors import NpuforgeError
 from .fixedpoint import c_div, doubling_high_mul as srdhm, rdbp
+from .params import QParams
 from .requant import quantize_multiplier
 
 SCALED_DIFF_BITS = 5  # integer bits of the rescaled difference (Q5.26)
@@ -86,14 +87,47 @@ def reciprocal(total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return one_over_one_plus_x(shifted_minus_one), bits_over_unit
 
 
+# the smallest input step TFLite's SOFTMAX takes: its Prepare (QuantizeMultiplierGreaterThanOne) aborts
+# unless beta * s_x * 2^26 is above one, so with beta 1 the float32 step just above 2^-26
+SMALLEST_STEP = np.nextafter(np.float32(2.0 ** -(31 - SCALED_DIFF_BITS)), np.float32(1))
+
+
+def _input_real(scale, beta: float = 1.0) -> float:
+    return min(beta * np.float64(np.float32(scale)) * (1 << (31 - SCALED_DIFF_BITS)), (1 << 31) - 1.0)
+
+
+def widen_small_steps(graph, plan, log) -> None:
+    """``target='tflite'``: a Softmax whose input step is below ``SMALLEST_STEP`` (a near-constant
+    input: attention logits of random weights) gets that step on its input's whole sharing group,
+    before any node's integers are derived from the grids; noted through ``log``. The input's range
+    stays covered; the softmax of inputs that close is uniform far below its output step 1/256."""
+    for node in graph.nodes:
+        p = graph.values[node.inputs[0]].quant if node.op == "Softmax" and node.name in plan.kinds else None
+        if p is None or p.per_channel or _input_real(p.scale) > 1.0:
+            continue
+        lo = (p.qmin - int(p.zero_point)) * np.float64(p.scale)
+        spread = (p.qmax - p.qmin) * np.float64(p.scale)
+        zero_point = int(np.clip(np.rint(p.qmin - lo / np.float64(SMALLEST_STEP)), p.qmin, p.qmax))
+        wider = QParams(p.dtype, SMALLEST_STEP, zero_point)
+        root = plan.find(node.inputs[0])
+        for name in plan.activations | plan.constants:
+            if plan.find(name) == root:
+                graph.values[name].quant = wider
+        log(f"node '{node.name}' ({node.op}): its input step {float(p.scale):.3g} (a near-constant input, range "
+            f"{spread:.3g}) is below the 2^-{31 - SCALED_DIFF_BITS} that TFLite's integer SOFTMAX takes; widened "
+            f"to {float(SMALLEST_STEP):.4g} (its softmax is uniform to {spread:.1g}, far below the output step "
+            f"1/256)")
+
+
 def quantize_integers(graph, node, add, beta: float = 1.0) -> None:
     """Store TFLite's SOFTMAX Prepare values: input multiplier, left shift, diff_min."""
     xp = graph.values[node.inputs[0]].quant
-    real = min(beta * np.float64(np.float32(xp.scale)) * (1 << (31 - SCALED_DIFF_BITS)), (1 << 31) - 1.0)
-    if not real >= 1.0:  # TFLite's Prepare takes a multiplier above one: an input step of 2^-26 or more
-        raise NpuforgeError(f"node '{node.name}' ({node.op}): its input step {float(xp.scale):.3g} is below the "
-                            f"2^-{SCALED_DIFF_BITS} that TFLite's integer SOFTMAX takes (a near-constant input); "
-                            f"keep it in float (keep_float) or quantize without tflite_multipliers")
+    real = _input_real(xp.scale, beta)
+    if not real > 1.0:  # TFLite's Prepare takes a multiplier above one: an input step above 2^-26
+        raise NpuforgeError(f"node '{node.name}' ({node.op}): its input step {float(xp.scale):.3g} is not above "
+                            f"the 2^-{31 - SCALED_DIFF_BITS} that TFLite's integer SOFTMAX takes (a near-constant "
+                            f"input); quantize with target 'tflite' (which widens it), keep it in float "
+                            f"(keep_float) or quantize without tflite_multipliers")
     m, shift = quantize_multiplier(np.float64(real))
     radius = ((1 << SCALED_DIFF_BITS) - 1) * (1 << (31 - SCALED_DIFF_BITS)) / (1 << int(shift))
     add("tflite_softmax", np.asarray(1, np.int32))
