@@ -49,6 +49,17 @@ class Audio(nn.Module):
         return y.mean(2) + self.head(y).sum(1, keepdim=True)
 
 
+class Rows(nn.Module):
+    """A decoder's projections (GPT-2's Conv1D): the tokens flattened to rows [L, D] through a linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 12)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x.reshape(-1, 8))).reshape(1, 6, 12)
+
+
 class Tokens(nn.Module):
     """Token ids (int64) through an embedding table (Gather), then a classifier."""
 
@@ -62,7 +73,7 @@ class Tokens(nn.Module):
 
 def _example(name):
     return torch.randint(0, 50, (1, 7)) if name == "tokens" else torch.zeros(
-        {"attention": (1, 3, 16, 16), "audio": (1, 4, 64)}[name])
+        {"attention": (1, 3, 16, 16), "audio": (1, 4, 64), "rows": (1, 6, 8)}[name])
 
 
 def _data(name, rng):
@@ -71,10 +82,10 @@ def _data(name, rng):
     return rng.normal(size=tuple(_example(name).shape)).astype(np.float32)
 
 
-@pytest.fixture(scope="module", params=["attention", "audio", "tokens"])
+@pytest.fixture(scope="module", params=["attention", "audio", "rows", "tokens"])
 def quantized(request):
     torch.manual_seed(0)
-    module = {"attention": Attention, "audio": Audio, "tokens": Tokens}[request.param]().eval()
+    module = {"attention": Attention, "audio": Audio, "rows": Rows, "tokens": Tokens}[request.param]().eval()
     graph = npuforge.from_torch(module, _example(request.param), dynamic_batch=False)
     rng = np.random.default_rng(0)
     q = npuforge.quantize(graph, [{graph.inputs[0]: _data(request.param, rng)} for _ in range(4)], log=lambda m: None)
@@ -122,6 +133,14 @@ def test_one_d_convolutions_and_pools_run_on_the_npu_as_2d_kernels(quantized):
     s = compile_graph(q, load_target("npu256")).stats
     assert s["npu_macs_fraction"] == 1.0, s["cpu_ops"]
     assert not {"Conv", "MaxPool", "GlobalAveragePool"} & set(s["cpu_ops"]), s["cpu_ops"]
+
+
+def test_a_linear_layer_on_rows_of_tokens_runs_on_the_npu(quantized):
+    name, q = quantized
+    if name != "rows":
+        pytest.skip("the rows model has the [L, D] linear layer")
+    s = compile_graph(q, load_target("npu256")).stats
+    assert s["npu_macs_fraction"] == 1.0 and not s["cpu_ops"], s["cpu_ops"]
 
 
 def get_kind(q, node):

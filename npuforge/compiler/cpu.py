@@ -40,8 +40,9 @@ def value_dims(value) -> tuple:
 
 def value_layout(value) -> tuple:
     """(dtype, h, w, c) of ``value`` in a program: codes of its quantized dtype, or its own dtype; a 4-D
-    value channel-last ([N=1, C, H, W] as H x W x C); a 3-D one [1, L, D] as 1 x L x D (tokens: the
-    IR's element order, each token a pixel of D channels); any other flat (1 x 1 x its elements)."""
+    value channel-last ([N=1, C, H, W] as H x W x C); a 3-D one [1, L, D] as 1 x L x D and a 2-D one [L, D]
+    as 1 x L x D (tokens: the IR's element order, each token a pixel of D channels); any other flat
+    (1 x 1 x its elements)."""
     dtype = value.quant.dtype if value.quant is not None else value.dtype
     if dtype == "bool":
         dtype = "uint8"
@@ -52,6 +53,8 @@ def value_layout(value) -> tuple:
         return dtype, dims[2], dims[3], dims[1]
     if len(dims) == 3 and dims[0] == 1:
         return dtype, 1, dims[1], dims[2]
+    if len(dims) == 2:  # rows of features ([1, K], or the tokens [L, D] of a flattened sequence)
+        return dtype, 1, dims[0], dims[1]
     return dtype, 1, 1, int(np.prod(dims, dtype=np.int64))
 
 

@@ -109,7 +109,7 @@ def _static(shape, where: str) -> tuple:
                                        f"(--input-shape) before compiling")
             d = 1
         dims.append(int(d))
-    if dims and dims[0] != 1:
+    if len(dims) >= 3 and dims[0] != 1:  # (a 2-D value's first dim counts rows: tokens [L, D])
         raise UnsupportedError(f"{where}: batch {dims[0]}; an NPU program runs one sample (batch 1)")
     return tuple(dims)
 
@@ -262,7 +262,8 @@ class _Lowering:
             _, h, w, c = value_layout(v)
         except ModelFormatError as e:
             raise UnsupportedError(f"{where}: {e}") from None
-        same_order = h * w == 1 or c == 1 or len(t.nchw) == len(value_dims(v))  # stored as the IR orders it
+        ranks = (len(t.nchw), len(value_dims(v)))
+        same_order = h * w == 1 or c == 1 or ranks[0] == ranks[1] or max(ranks) <= 3  # both in the IR's order
         if (t.h, t.w, t.c) != (h, w, c) or not same_order:
             # the same bytes under another record (a flat [1, L, 1] to [1, L]) would still be a copy: every
             # consumer, NPU kernel or node command, reads its input under its own value's record; and a
@@ -309,14 +310,15 @@ class _Lowering:
             packed = w if transposed else w.T  # [N, K]: one row of weights per output
             kind, params = "fully_connected", {}
             in_shape = _static(g.values[node.inputs[0]].shape, where)
-            if len(in_shape) == 3:  # tokens [1, L, K], stored 1 x L x K: a 1 x 1 convolution over L
+            rows = in_shape[-2] if len(in_shape) == 3 or (len(in_shape) == 2 and in_shape[0] > 1) else 1
+            if rows > 1 or len(in_shape) == 3:  # tokens [1, L, K] or [L, K], stored 1 x L x K: a 1 x 1 convolution
                 kind, packed = "conv", packed.reshape(packed.shape[0], 1, 1, packed.shape[1])
                 params = {"kernel_h": 1, "kernel_w": 1, "stride_h": 1, "stride_w": 1, "dilation_h": 1,
                           "dilation_w": 1, "pad_top": 0, "pad_left": 0, "group": 1}
             elif len(in_shape) != 2:
                 raise UnsupportedError(f"{where}: a fully connected layer on a rank-{len(in_shape)} input; the NPU "
-                                       f"takes [1, K] and tokens [1, L, K]")
-            macs = packed.size * (in_shape[1] if len(in_shape) == 3 else 1)
+                                       f"takes [1, K] and tokens [1, L, K] or [L, K]")
+            macs = packed.size * rows
         else:
             raise UnsupportedError(f"{where}: {node.op} has no NPU operation (conv, depthwise and fully "
                                    f"connected are lowered)")
