@@ -383,3 +383,32 @@ def test_attention_block_quantizes_with_nothing_in_float():
     assert _cosine(integer, fake) >= 0.999
     sim = IntegerSimulator(q, "fixedpoint")
     assert all(sim._kind(n) is not None for n in q.nodes)  # every node runs in integers
+
+
+class _CausalAttention(torch.nn.Module):
+    """The attention probabilities of a decoder: scores plus a constant causal mask, then Softmax."""
+
+    def __init__(self, dropped: float):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.register_buffer("mask", torch.triu(torch.full((6, 6), dropped), diagonal=1))
+
+    def forward(self, x):
+        q = self.proj(x)
+        return torch.softmax(q @ x.transpose(1, 2) * 0.35 + self.mask, dim=-1)
+
+
+@pytest.mark.parametrize("dropped", [-math.inf, float(np.finfo(np.float32).min), -1e4])
+def test_an_additive_attention_mask_gives_exact_zeros_and_keeps_the_scores_range(dropped):
+    """-inf has no code and finfo.min would stretch the scores' range over 10^38: the calibration sees
+    the kept positions only, the mask becomes a finite value below that range, and the integer Softmax
+    gives the dropped positions 0, as float does."""
+    graph, q, calib, _ = _quantized(_CausalAttention(dropped), (1, 6, 8))
+    x = calib[0]  # inside the calibrated ranges: what differs is rounding
+    want = graph.run({"x": x})["y"]
+    got = IntegerSimulator(q).run({"x": x})["y"]
+    upper = np.triu(np.ones((6, 6), bool), 1)[None]
+    assert np.all(got[upper] == 0)
+    assert np.abs(got - want).max() < 0.03
+    masked = next(n for n in q.nodes if n.op == "Add" and n.outputs[0] == q.nodes[-1].inputs[0])
+    assert all(q.values[i].quant is not None for i in masked.inputs)  # the mask has codes

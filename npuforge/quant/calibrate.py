@@ -12,6 +12,7 @@ import torch
 
 from ..errors import NpuforgeError
 from ..sim.float_exec import execute
+from .attention_mask import KeptPositions
 from .layerwise import fixed_batch
 from .norm_spread import track_spreads
 from .observers import make_observer
@@ -105,16 +106,20 @@ def check_finite_weights(graph) -> None:
 
 
 def calibrate(graph, batches: Iterable, names: set, method: str, *, bins: int = 4096, percentile: float = 99.99,
-              engine: str = "ort", progress=None, slices: dict | None = None) -> tuple[dict, int, float]:
+              engine: str = "ort", progress=None, slices: dict | None = None,
+              masks: dict | None = None) -> tuple[dict, int, float]:
     """-> (observers by value name, images seen, seconds).
 
     ``engine``: who runs the float graph, "ort" (ONNX Runtime, fast) or
     "npuforge" (the float executor). ``slices`` ({value: (axes, centred)}, the
     normalizations' inputs) gives those observers a ``spread`` as well, the
-    narrowest slice seen (npuforge/quant/norm_spread.py)."""
+    narrowest slice seen (npuforge/quant/norm_spread.py). ``masks`` ({Add output: (mask, dropped
+    positions)}, npuforge/quant/attention_mask.py): those observers see the kept positions only."""
     check_finite_weights(graph)
     observers = {name: make_observer(method, bins, percentile) for name in names}
     track_spreads(observers, slices or {})
+    for name, (_, dropped) in (masks or {}).items():
+        observers[name] = KeptPositions(observers[name], dropped)
     producer = {out: n for n in graph.nodes for out in n.outputs}
     batch_index = 0
 

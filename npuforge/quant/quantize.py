@@ -28,6 +28,7 @@ from ..errors import NpuforgeError
 from ..ir import dtypes
 from ..ops.registry import get_op
 from .adaround import adaround
+from .attention_mask import additive_masks, finite_masks
 from .bias_correction import correct_bias
 from .calibrate import as_feeds, calibrate
 from .concat_ranges import mismatched_concats
@@ -447,9 +448,11 @@ def calibrated_plan(graph, data, config: QuantConfig, *, progress=None, log=None
     for node, reason in plan.kept_float:
         msg = f"node '{node.name}' ({node.op}) kept in float: {reason}"
         (log or (lambda m: warnings.warn(m, stacklevel=3)))(msg)
+    masks = additive_masks(graph, plan.activations)
     observers, images, seconds = calibrate(graph, data, plan.activations, config.method, bins=config.bins,
                                            percentile=config.percentile, engine=config.calibration_engine,
-                                           progress=progress, slices=slices_of(graph, plan))
+                                           progress=progress, slices=slices_of(graph, plan), masks=masks)
+    finite_masks(graph, masks, observers, _levels(config.activation_dtype, config.symmetric))
     return plan, observers, images, seconds
 
 
