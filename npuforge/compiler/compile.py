@@ -59,15 +59,15 @@ def _pack(lowered, target):
     return bytes(weights), bytes(params), wblocks, pblocks, payload, raw, padded
 
 
-def _fit(lowered, target, payload, budget: int):
-    """(tiler, segments): the fewest-cycle schedule under the SRAM budget, with
-    tensors spilled to DRAM one at a time (the largest whole tensor the first op no schedule reaches
-    holds, reads or keeps alive) until one fits; a spilled tensor takes no SRAM and moves at DRAM's rate."""
+def _fit(tiler, budget: int):
+    """The fewest-cycle schedule under the SRAM budget, with tensors spilled to DRAM one at a time
+    (the largest whole tensor the first op no schedule reaches holds, reads or keeps alive) until one
+    fits; a spilled tensor takes no SRAM and moves at DRAM's rate."""
+    lowered = tiler.low
     while True:
-        tiler = Tiler(lowered, target, payload)
         segments = tiler.best(budget)
         if segments is not None:
-            return tiler, segments
+            return segments
         i = tiler.stuck
         op = lowered.ops[i]
         around = [*op.inputs, op.output] + [t for t in range(len(lowered.tensors)) if t in tiler.last_use and
@@ -79,11 +79,13 @@ def _fit(lowered, target, payload, budget: int):
         # the largest first, as many as the op's smallest schedule is over the budget (each search is
         # a whole dynamic programme: one spill per search made DenseNet-121 take 16 s)
         over = tiler.least_peak(i) - budget
+        spilled = []
         for t in sorted(candidates, key=lambda k: (-lowered.tensors[k].nbytes, k)):
             over -= tiler.size(t)
-            lowered.tensors[t].dram = True
+            spilled.append(t)
             if over <= 0:
                 break
+        tiler.spill(spilled)
 
 
 def _smallest_peak(tiler, segments, tolerance: float, alignment: int):
@@ -128,8 +130,9 @@ def compile_graph(graph, target, sram: int | None = None, tolerance: float = TOL
     # a schedule's liveness bound may fit where no placement of its buffers does (fragmentation):
     # then schedule again under a budget lowered by the overshoot, spilling more where needed
     schedule_budget = budget
+    tiler = Tiler(lowered, target, payload)
     while True:
-        tiler, segments = _fit(lowered, target, payload, schedule_budget)
+        segments = _fit(tiler, schedule_budget)
         if not any(t.dram for t in lowered.tensors):  # with spills the budget binds: no smaller peak to trade for
             segments = _smallest_peak(tiler, segments, tolerance, target.alignment)
         commands, buffers = buffers_of(tiler, segments)

@@ -17,7 +17,10 @@ segment count against it), at the fewest estimated cycles. Among the programs wi
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..errors import NpuforgeError
 from .cycles import command_cost
@@ -50,6 +53,7 @@ class Segment:
     rings: dict  # tensor id -> rows of its rolling buffer
     cycles: int
     peak: int  # bytes live at its busiest command, whole tensors living across it included
+    own: int = 0  # the same without the whole tensors living across it (what the segment itself holds)
 
 
 class Tiler:
@@ -71,8 +75,20 @@ class Tiler:
         for t in self.outputs:
             self.last_use[t] = n
         self.first = {t: self.producer.get(t, -1) for t in range(len(self.tensors))}
+        self._first = np.array([self.first[t] for t in range(len(self.tensors))])
+        self._last = np.array([self.last_use.get(t, -1) for t in range(len(self.tensors))])
+        self._readers = {t: sorted(c) for t, c in self.consumers.items()}
         self._segments: dict = {}
+        self._touching: dict[int, set] = {}  # tensor -> keys of the cached segments that read or write it
         self._crossing: dict = {}
+
+    def spill(self, tensors) -> None:
+        """Move ``tensors`` to DRAM, forgetting what their SRAM sizes and traffic decided."""
+        for t in tensors:
+            self.tensors[t].dram = True
+            for key in self._touching.pop(t, ()):
+                self._segments.pop(key, None)
+        self._crossing.clear()
 
     def size(self, t: int, rows: int | None = None) -> int:
         """SRAM bytes of tensor t (``rows`` of a rolling buffer); a spilled tensor takes none."""
@@ -88,10 +104,11 @@ class Tiler:
         if (start, stop) in self._crossing:
             return self._crossing[start, stop]
         total = 0
-        for t in range(len(self.tensors)):
-            if t in self.last_use and self.first[t] < start and self.last_use[t] >= stop:
-                if not any(start <= c < stop for c in self.consumers.get(t, [])):
-                    total += self.size(t)
+        for t in np.flatnonzero((self._first < start) & (self._last >= stop)).tolist():
+            readers = self._readers.get(t, [])
+            k = bisect.bisect_left(readers, start)
+            if k == len(readers) or readers[k] >= stop:  # none of the segment's ops reads it
+                total += self.size(t)
         self._crossing[start, stop] = total
         return total
 
@@ -108,9 +125,14 @@ class Tiler:
 
     def segment(self, start: int, stop: int, stripe: int) -> Segment:
         key = (start, stop, stripe)  # the budget search asks for the same segments again and again
-        if key not in self._segments:
-            self._segments[key] = self._segment(start, stop, stripe)
-        return self._segments[key]
+        seg = self._segments.get(key)
+        if seg is None:
+            seg = self._segments[key] = self._segment(start, stop, stripe)
+            for i in range(start, stop):
+                for t in (*self.ops[i].inputs, self.ops[i].output):
+                    self._touching.setdefault(t, set()).add(key)
+        seg.peak = self.crossing(start, stop) + seg.own  # (crossing tensors may have been spilled since)
+        return seg
 
     def _segment(self, start: int, stop: int, stripe: int) -> Segment:
         ops = self.ops
@@ -156,12 +178,32 @@ class Tiler:
         rings = {t: max(1, min(r, self.tensors[t].h)) for t, r in rings.items() if t != last.output}
         inputs = {t for i in range(start, stop) for t in ops[i].inputs if t not in internal}
         whole = sum(self.size(t) for t in inputs) + self.size(last.output)
-        peak = self.crossing(start, stop) + whole + sum(self.size(t, r) for t, r in rings.items())
-        return Segment(start, stop, stripe, commands, rings, sum(c.cycles for c in commands), peak)
+        own = whole + sum(self.size(t, r) for t, r in rings.items())
+        return Segment(start, stop, stripe, commands, rings, sum(c.cycles for c in commands), 0, own)
 
     # -- the whole schedule ------------------------------------------------------------------------
     def untiled(self) -> list[Segment]:
+        if (0, 1) not in self._crossing:
+            self._single_crossings()
         return [self.segment(i, i + 1, self.tensors[op.output].h) for i, op in enumerate(self.ops)]
+
+    def _single_crossings(self) -> None:
+        """crossing(i, i + 1) for every op at once: a tensor counts for the ops after its producer and
+        before its last reader, except the ops that read it (one pass instead of one per op)."""
+        n = len(self.ops)
+        total = np.zeros(n + 1, np.int64)
+        for t, last in self.last_use.items():
+            first = self.first[t]
+            if last - first >= 2:
+                size = self.size(t)
+                total[first + 1] += size
+                total[last] -= size
+                for i in self._readers.get(t, ()):
+                    if first < i < last:
+                        total[i] -= size
+                        total[i + 1] += size
+        for i, c in enumerate(np.cumsum(total)[:n].tolist()):
+            self._crossing[i, i + 1] = c
 
     def _stripes(self, height: int) -> list[int]:
         s, out = 1, []
