@@ -307,8 +307,11 @@ class OnSum(nn.Module):
 
 
 @pytest.mark.parametrize("module", [nn.Conv1d(4, 6, 3, padding=1), nn.Conv1d(4, 8, 5, stride=2, dilation=1),
-                                    nn.Conv1d(4, 4, 3, groups=4), nn.MaxPool1d(3, 2, 1)],
-                         ids=["conv1d", "conv1d_strided", "depthwise1d", "maxpool1d"])
+                                    nn.Conv1d(4, 4, 3, groups=4), nn.MaxPool1d(3, 2, 1),
+                                    nn.Conv1d(4, 8, 3, padding=1, groups=2),  # Wav2Vec2's positional conv
+                                    nn.Sequential(nn.Conv1d(4, 8, 3), nn.ReLU(), nn.Conv1d(8, 8, 3, groups=8),
+                                                  nn.AvgPool1d(2))],  # a chain stays 2-D
+                         ids=["conv1d", "conv1d_strided", "depthwise1d", "maxpool1d", "grouped1d", "chain1d"])
 def test_one_dimensional_windows_run_as_two_dimensional(module):
     q, model = assert_bit_exact(OnSum(module), [(1, 4, 32), (1, 4, 32)], scale=2.0)
     assert not any(n.op in ("Unsqueeze", "Squeeze") for n in q.nodes)  # the export's own rewrite

@@ -3,8 +3,8 @@
 Each rewrite moves codes or splits a node's integers; none computes anything new, so the integer
 simulator gives the rewritten graph's outputs bit for bit (tests/test_tflite_vs_litert.py checks):
 
-* a 1-D Conv / MaxPool / AveragePool ([N, C, L]) becomes the 2-D op on [N, C, 1, L] between an
-  Unsqueeze and a Squeeze (TFLite has CONV_2D and the 2-D pools only);
+* a 1-D Conv or pool ([N, C, L]) becomes the 2-D op on [N, C, 1, L] between an Unsqueeze and a
+  Squeeze (npuforge/quant/as_2d.py; TFLite has CONV_2D and the 2-D pools only);
 * a grouped Conv that is not depthwise becomes a Split of its input channels, one Conv per group
   (its slice of the weights, biases, multipliers, shifts and bounds) and a Concat.
 """
@@ -16,20 +16,17 @@ import copy
 import numpy as np
 
 from ..ir.graph import Node, Value
+from ..quant.as_2d import activation_like, add_constant, as_2d
 from ..quant.params import QParams
-
-_WINDOWED = ("Conv", "MaxPool", "AveragePool")
 
 
 def for_tflite(graph):
     """A copy of ``graph`` rewritten as the module's docstring says (``graph`` is left alone)."""
-    g = copy.deepcopy(graph)
+    g = as_2d(graph)
+    g = copy.deepcopy(g) if g is graph else g
     nodes = []
     for node in g.nodes:
-        rank = len(g.values[node.inputs[0]].shape or ()) if node.inputs else 0
-        if node.op in _WINDOWED and rank == 3:
-            nodes += _as_2d(g, node)
-        elif node.op == "Conv" and _grouped(g, node):
+        if node.op == "Conv" and _grouped(g, node):
             nodes += _per_group(g, node)
         else:
             nodes.append(node)
@@ -44,49 +41,6 @@ def _grouped(g, node) -> bool:
     return group > 1 and not (group == cin and cin_g == 1)
 
 
-def _like(g, name: str, source: str, shape) -> str:
-    """A new activation value ``name`` of ``shape`` on ``source``'s grid."""
-    v = g.values[source]
-    g.add_value(Value(name, v.dtype, tuple(shape), None, v.quant))
-    return name
-
-
-def _const(g, name: str, data) -> str:
-    g.add_const(name, np.asarray(data))
-    return name
-
-
-def _as_2d(g, node) -> list:
-    x, y = node.inputs[0], node.outputs[0]
-    (n, c, length), yshape = g.values[x].shape, g.values[y].shape
-    x4 = _like(g, g.unique_name(f"{node.name}::x2d"), x, (n, c, 1, length))
-    y4 = _like(g, g.unique_name(f"{node.name}::y2d"), y, (*yshape[:2], 1, yshape[2]))
-    axes = _const(g, g.unique_name(f"{node.name}::h"), np.array([2], np.int64))
-    a = dict(node.attrs)
-    for key in ("kernel_shape", "strides", "dilations"):
-        if key in a and a[key] is not None:
-            a[key] = [1, *a[key]]
-    if a.get("pads") is not None:
-        begin, end = a["pads"]
-        a["pads"] = [0, begin, 0, end]
-    inputs = [x4, *node.inputs[1:]]
-    if node.op == "Conv":  # the weights [Cout, Cin/g, K] as [Cout, Cin/g, 1, K], float and codes
-        inputs[1] = _reshaped(g, node.inputs[1], lambda w: w[:, :, None, :])
-        node.quant = dict(node.quant)
-        node.quant["weight"] = _reshaped(g, node.quant["weight"], lambda w: w[:, :, None, :])
-    return [Node(f"{node.name}::to2d", "Unsqueeze", [x, axes], [x4]),
-            Node(node.name, node.op, inputs, [y4], a, node.quant),
-            Node(f"{node.name}::to1d", "Squeeze", [y4, axes], [y])]
-
-
-def _reshaped(g, name: str, fn) -> str:
-    v = g.values[name]
-    new = g.unique_name(f"{name}::2d")
-    data = np.ascontiguousarray(fn(np.asarray(v.data)))
-    g.add_value(Value(new, v.dtype, tuple(data.shape), data, v.quant))
-    return new
-
-
 def _sliced_params(p: QParams | None, lo: int, hi: int) -> QParams | None:
     if p is None or not p.per_channel:
         return p
@@ -98,9 +52,11 @@ def _per_group(g, node) -> list:
     group = node.attrs["group"]
     xs, ys = g.values[x].shape, g.values[y].shape
     cin_g, cout_g = xs[1] // group, ys[1] // group
-    sizes = _const(g, g.unique_name(f"{node.name}::sizes"), np.full(group, cin_g, np.int64))
-    parts = [_like(g, g.unique_name(f"{node.name}::in{k}"), x, (xs[0], cin_g, *xs[2:])) for k in range(group)]
-    outs = [_like(g, g.unique_name(f"{node.name}::out{k}"), y, (ys[0], cout_g, *ys[2:])) for k in range(group)]
+    sizes = add_constant(g, g.unique_name(f"{node.name}::sizes"), np.full(group, cin_g, np.int64))
+    parts = [activation_like(g, g.unique_name(f"{node.name}::in{k}"), x, (xs[0], cin_g, *xs[2:]))
+             for k in range(group)]
+    outs = [activation_like(g, g.unique_name(f"{node.name}::out{k}"), y, (ys[0], cout_g, *ys[2:]))
+            for k in range(group)]
     nodes = [Node(f"{node.name}::split", "Split", [x, sizes], parts, {"axis": 1})]
     for k in range(group):
         lo, hi = k * cout_g, (k + 1) * cout_g

@@ -51,13 +51,13 @@ def as_2d(graph):
 def _as_2d(g, node, rewritten: dict) -> list:
     x, y = node.inputs[0], node.outputs[0]
     (n, c, length), yshape = g.values[x].shape, g.values[y].shape
-    axes = _const(g, g.unique_name(f"{node.name}::h"), np.array([2], np.int64))
+    axes = add_constant(g, g.unique_name(f"{node.name}::h"), np.array([2], np.int64))
     nodes = []
     x4 = rewritten.get(x)
     if x4 is None:
-        x4 = _like(g, g.unique_name(f"{node.name}::x2d"), x, (n, c, 1, length))
+        x4 = activation_like(g, g.unique_name(f"{node.name}::x2d"), x, (n, c, 1, length))
         nodes.append(Node(f"{node.name}::to2d", "Unsqueeze", [x, axes], [x4]))
-    y4 = _like(g, g.unique_name(f"{node.name}::y2d"), y, (*yshape[:2], 1, yshape[2]))
+    y4 = activation_like(g, g.unique_name(f"{node.name}::y2d"), y, (*yshape[:2], 1, yshape[2]))
     rewritten[y] = y4
     a = dict(node.attrs)
     for key in ("kernel_shape", "strides", "dilations"):
@@ -76,14 +76,14 @@ def _as_2d(g, node, rewritten: dict) -> list:
                     Node(f"{node.name}::to1d", "Squeeze", [y4, axes], [y])]
 
 
-def _like(g, name: str, source: str, shape) -> str:
+def activation_like(g, name: str, source: str, shape) -> str:
     """A new activation value ``name`` of ``shape`` on ``source``'s grid."""
     v = g.values[source]
     g.add_value(Value(name, v.dtype, tuple(shape), None, v.quant))
     return name
 
 
-def _const(g, name: str, data) -> str:
+def add_constant(g, name: str, data) -> str:
     g.add_const(name, np.asarray(data))
     return name
 
