@@ -145,6 +145,12 @@ def test_remove_identity_and_dropout_keeps_output_names():
     assert out.nodes[0].inputs == ["x"] and out.nodes[0].outputs == ["y"] and out.outputs == ["y"]
 
 
+def test_a_cast_to_the_type_it_has_is_removed_and_a_real_one_kept():
+    g = build([node("Relu", ["x"], ["a"]), node("Cast", ["a"], ["b"], to=1),  # float32 -> float32 (Wav2Vec2)
+               node("Cast", ["b"], ["y"], to=7)], {"x": [2, 3]}, ["y"])  # -> int64
+    assert ops(run(g, ["remove_identity"])) == ["Relu", "Cast"]
+
+
 def test_identity_from_input_to_output_stays():
     g = build([node("Identity", ["x"], ["y"])], {"x": [2, 3]}, ["y"])
     assert ops(run(g, ["remove_identity"])) == ["Identity"]
