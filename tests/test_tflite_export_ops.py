@@ -398,3 +398,12 @@ def test_quantize_target_tflite_always_exports(tmp_path, capsys):
                  "--check-litert", "3"]) == 0
     out = capsys.readouterr().out
     assert "3/3 random inputs bit-exact, 0 of" in out and "LEAKY_RELU" in out
+
+
+def test_a_softmax_row_that_would_abort_litert_reference_is_refused_not_run():
+    """LiteRT's reference SOFTMAX aborts the process when a row's exponentials reach 512 (a uniform row of
+    512); compare() refuses such a model in one line instead of letting LiteRT end the test run."""
+    q, model = exported(Lambda(lambda x: torch.softmax(x * 0.0, -1)), [(1, 2, 512)])
+    with pytest.raises(npuforge.NpuforgeError, match="rows of 512 entries"):
+        compare(q, model, [{q.inputs[0]: np.zeros((1, 2, 512), np.float32)}])
+    assert assert_bit_exact(Lambda(lambda x: torch.softmax(x * 0.0, -1)), [(1, 2, 511)])  # one entry less runs
