@@ -1,11 +1,13 @@
 """Zoo models quantized by npuforge, exported to int8 TFLite, run in LiteRT.
 
-For each model: calibrate on the first --num-calib photos of the shared sample
-(int8 activations, TFLite's arithmetic: ``tflite_multipliers=True``), export to
-``.tflite``, then on the next --num-eval photos run the integer simulator and LiteRT
+For each model: calibrate on the first --num-calib photos of the shared sample and
+quantize twice, with ``--target tflite`` (``QuantConfig(target="tflite")``: int8
+activations, TFLite's arithmetic) and with the default configuration; export the first
+to ``.tflite``, then on the next --num-eval photos run the integer simulator and LiteRT
 (reference kernels, and its default optimized kernels) on the same int8 input codes
 and count the photos whose output codes agree bit for bit; top-1 of each against the
-labels beside the float model's. With Vela installed (``pip install ethos-u-vela``)
+labels beside the float model's and the default quantization's (integer simulator), and
+the photos where the two quantizations' top-1 differ. With Vela installed (``pip install ethos-u-vela``)
 each export is also compiled for an Ethos-U55-256 and its operator placement printed.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tflite_litert.py
@@ -54,18 +56,19 @@ def bench(name: str, data: Path, num_calib: int, num_eval: int, out_dir: Path) -
     transform = transform_of(graph.metadata["preprocess"])
     calib = [x for x, _, _ in iter_batches(ImageDataset(data, limit=num_calib), transform, 25)]
     t = time.perf_counter()
-    q = npuforge.quantize(graph, calib, QuantConfig(activation_dtype="int8", tflite_multipliers=True),
-                          log=lambda m: None)
+    q = npuforge.quantize(graph, calib, QuantConfig(target="tflite"), log=lambda m: None)
+    base = npuforge.quantize(graph, calib, log=lambda m: None)  # the default quantization
     model = to_tflite(q)
     path = out_dir / f"{name}_int8.tflite"
     path.write_bytes(model)
     print(f"{name}: quantized and exported in {time.perf_counter() - t:.1f} s ({len(model) / 1e6:.2f} MB)",
           flush=True)
-    sim = IntegerSimulator(q)
+    sim, base_sim = IntegerSimulator(q), IntegerSimulator(base)
     ref, default = interpreter(model, reference=True), interpreter(model, reference=False)
     inp, out = q.inputs[0], q.outputs[0]
     counts = {"photos": 0, "ref_equal": 0, "default_equal": 0, "default_codes_differ": 0, "default_max_diff": 0}
-    top1 = {"float": 0, "integer": 0, "litert_ref": 0, "litert_default": 0}
+    top1 = {"float": 0, "default_quantization": 0, "integer": 0, "litert_ref": 0, "litert_default": 0}
+    counts["top1_differs"] = 0
     seconds = {"integer": 0.0, "litert_ref": 0.0, "litert_default": 0.0}
     for x, labels, _ in iter_batches(ImageDataset(data, skip=num_calib, limit=num_eval), transform, 1):
         codes = quantize_input(x, q.values[inp].quant)
@@ -80,12 +83,15 @@ def bench(name: str, data: Path, num_calib: int, num_eval: int, out_dir: Path) -
         d = run_litert(default, fed)[0].astype(np.int64)
         seconds["litert_default"] += time.perf_counter() - t
         floats = graph.run({inp: x})[out]
+        default_q = base_sim.run({base.inputs[0]: x})[base.outputs[0]]
+        counts["top1_differs"] += int(np.argmax(default_q) != np.argmax(ours))
         counts["photos"] += 1
         counts["ref_equal"] += int(np.array_equal(ours, r))
         counts["default_equal"] += int(np.array_equal(ours, d))
         counts["default_codes_differ"] += int(np.count_nonzero(ours != d))
         counts["default_max_diff"] = max(counts["default_max_diff"], int(np.abs(ours - d).max()))
-        for key, logits in (("float", floats), ("integer", ours), ("litert_ref", r), ("litert_default", d)):
+        for key, logits in (("float", floats), ("default_quantization", default_q), ("integer", ours),
+                            ("litert_ref", r), ("litert_default", d)):
             top1[key] += int(np.argmax(logits) == labels[0])
     n = counts["photos"]
     return {"model": name, **counts, **{f"top1_{k}": 100.0 * v / n for k, v in top1.items()},
@@ -109,15 +115,15 @@ def main() -> int:
     rows = [bench(m, args.data, args.num_calib, args.num_eval, out_dir) for m in args.models.split(",")]
     print()
     print("| model | photos | LiteRT reference = integer sim | LiteRT default = integer sim | default: codes differing "
-          "(max) | top-1 float / integer / LiteRT ref / LiteRT default | ms per photo: sim / ref / default | Vela "
-          "(Ethos-U55-256) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "(max) | top-1 float / default quantization / --target tflite (integer sim) / LiteRT ref / LiteRT default "
+          "| photos whose top-1 the target changes | ms per photo: sim / ref / default | Vela (Ethos-U55-256) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['photos']} | {r['ref_equal']} / {r['photos']} | {r['default_equal']} / "
               f"{r['photos']} | {r['default_codes_differ']} of {r['photos'] * 1000} ({r['default_max_diff']}) | "
-              f"{r['top1_float']:.0f} / {r['top1_integer']:.0f} / {r['top1_litert_ref']:.0f} / "
-              f"{r['top1_litert_default']:.0f} % | {r['ms_integer']:.0f} / {r['ms_litert_ref']:.0f} / "
-              f"{r['ms_litert_default']:.1f} | {r['vela']} |")
+              f"{r['top1_float']:.2f} / {r['top1_default_quantization']:.2f} / {r['top1_integer']:.2f} / "
+              f"{r['top1_litert_ref']:.2f} / {r['top1_litert_default']:.2f} % | {r['top1_differs']} | "
+              f"{r['ms_integer']:.0f} / {r['ms_litert_ref']:.0f} / {r['ms_litert_default']:.1f} | {r['vela']} |")
     return 0
 
 
