@@ -74,6 +74,14 @@ def test_empty_calibration_folder(capsys, tiny_model, tmp_path):
     assert not (tmp_path / "q.nfir").exists()
 
 
+@pytest.mark.parametrize("option", ["--int16", "--keep-float"])
+def test_a_misspelt_node_name_is_refused_before_calibrating(capsys, tiny_model, images, tmp_path, option):
+    code, _, err = run(capsys, "quantize", tiny_model, "--calib", images, option, "NOSUCHNODE", "-o",
+                       tmp_path / "q.nfir")
+    one_line_error(code, err, option, "no node or value named 'NOSUCHNODE'")
+    assert not (tmp_path / "q.nfir").exists()
+
+
 def test_fewer_images_than_num_calib(capsys, tiny_model, images, tmp_path):
     code, _, err = run(capsys, "quantize", tiny_model, "--calib", images, "--num-calib", 100, "-o", tmp_path / "q.nfir")
     one_line_error(code, err, "holds 6 images but --num-calib is 100")

@@ -172,6 +172,11 @@ def cmd_quantize(args) -> int:
     log = stderr_log
     graph = resolve_model(args.model, args.preprocess, log=log, input_shapes=parse_input_shapes(args.input_shape))
     check_input_size(graph, args.model)
+    for option, names in (("--int16", config.int16), ("--keep-float", config.keep_float)):
+        unknown = sorted(set(names) - {n.name for n in graph.nodes} - set(graph.values))
+        if unknown:  # before calibrating: a misspelt name would otherwise be found minutes later, or never
+            raise NpuforgeError(f"{option}: {args.model} has no node or value named {', '.join(map(repr, unknown))}; "
+                                f"give the model's own node or value names (as its file stores them)")
     hint = graph.metadata.get("detector", {}).get("int16", [])
     if hint and not args.int16:  # a detector's box path (its regressors reach far beyond the image)
         config.int16 = list(hint)
