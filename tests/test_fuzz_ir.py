@@ -83,9 +83,8 @@ def mutate_text(text: str, rng: random.Random, weights_options: list) -> str:
     line = lines[k]
     kind = rng.randrange(6)
     brace = line.find("{")
-    # Quantization entries stay whole (not deleted, emptied or cut before their JSON): a quantized node
-    # without its parameters or integers is legal IR where the quantizer kept it in float, and
-    # 'compile' does not yet refuse one it reads as integer in one line (compiler/lower.py).
+    # Quantization entries are not emptied or cut before their JSON (a quantized node without its
+    # parameters or integers is legal IR where the quantizer kept it in float); they may be deleted.
     entry = line.startswith(("quant ", "qnode "))
     if kind <= 1 and brace >= 0:  # a JSON field (attributes, quant, qnode, meta)
         obj = _mutate_json(json.loads(line[brace:]), rng, keep_keys=entry)
@@ -100,7 +99,7 @@ def mutate_text(text: str, rng: random.Random, weights_options: list) -> str:
         at = next((i for i, ln in enumerate(lines) if ln.startswith("weights ")), 2)
         lines[at:at + 1] = [rng.choice(weights_options)]
     elif kind == 4:  # a line deleted, repeated or moved
-        choice = rng.randrange(1, 3) if entry else rng.randrange(3)
+        choice = rng.randrange(3)
         if choice == 0:
             del lines[k]
         elif choice == 1:
@@ -191,6 +190,22 @@ def test_qnode_without_multiplier_is_named_by_the_simulator(work, tmp_path):
     path = _edited(work, tmp_path, r'^(qnode conv \{.*)"multiplier": "[^"]*", ', r"\1")
     code, err = run_case(["run", path, "--input", work / "x.npy", "--mode", "int", "--output", tmp_path / "y.npz"])
     assert code in (1, 2) and "multiplier" in err, err
+
+
+def test_a_quantized_node_reading_a_value_without_parameters_is_refused(work, tmp_path):
+    path = _edited(work, tmp_path, r"^quant x \{.*\}\n", "")
+    for command in (["run", path, "--input", work / "x.npy", "--mode", "int", "--output",
+                                      tmp_path / "y.npz"], ["compile", path, "-o", tmp_path / "p.npub"]):
+        code, err = run_case(command)
+        assert code in (1, 2) and "node 'conv' (Conv): input 'x' has no quantization parameters" in err, err
+
+
+def test_a_concat_of_a_value_without_parameters_compiles_as_a_node_command(work, tmp_path):
+    """A Concat moves codes (no integers of its own): a float input is legal IR, quantized by the
+    integer simulator's kernel; the compiler gives it a node command instead of failing on it."""
+    path = _edited(work, tmp_path, r"^quant p \{.*\}\n", "")  # the Concat(p, p) -> cc
+    code, err = run_case(["compile", path, "-o", tmp_path / "p.npub"])
+    assert code == 0, err
 
 
 def test_dim_of_10_to_the_12(work, tmp_path):

@@ -233,6 +233,9 @@ class _Lowering:
         out = g.values[node.outputs[0]] if node.outputs and node.outputs[0] else None
         if out is None or out.quant is None or not self._integer(node):
             raise UnsupportedError(f"{where}: kept in float by the quantizer")
+        for name in node.inputs:  # (a float input of a code-moving node: the integer simulator quantizes it)
+            if name and g.values[name].quant is None and not g.values[name].is_const:
+                raise UnsupportedError(f"{where}: input '{name}' is float; the NPU computes codes")
         if node.op in _VIEWS:
             self._view(node, where)
         elif kind == "compute":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..errors import CheckError, NpuforgeError
 from ..ops.registry import get_op
+from .dtypes import FLOAT_DTYPES
 from .graph import format_shape
 from .infer import attr_problems, graph_infos, infer_node, input_infos
 
@@ -143,6 +144,11 @@ def _quant_problems(graph) -> list[str]:
                 if role not in n.quant:
                     problems.append(f"node '{n.name}' ({n.op}): quantization integer '{role}' is missing; "
                                     f"quantize the model again")
+            for name in n.inputs:  # it computes on codes: every float activation it reads has a grid
+                v = graph.values.get(name) if name else None
+                if v is not None and not v.is_const and v.quant is None and v.dtype in FLOAT_DTYPES:
+                    problems.append(f"node '{n.name}' ({n.op}): input '{name}' has no quantization parameters, "
+                                    f"but the node computes on codes; quantize the model again")
         for a, b in _PAIRED_ROLES:  # a requantization's multiplier comes with its shift; a clamp has both bounds
             if a in n.quant and b not in n.quant:
                 problems.append(f"node '{n.name}' ({n.op}): quantization integer '{b}' is missing beside '{a}'; "
