@@ -407,3 +407,72 @@ def test_a_softmax_row_that_would_abort_litert_reference_is_refused_not_run():
     with pytest.raises(npuforge.NpuforgeError, match="rows of 512 entries"):
         compare(q, model, [{q.inputs[0]: np.zeros((1, 2, 512), np.float32)}])
     assert assert_bit_exact(Lambda(lambda x: torch.softmax(x * 0.0, -1)), [(1, 2, 511)])  # one entry less runs
+
+
+def _operator_inputs(model: bytes) -> list:
+    """The number of inputs of each operator of the file's subgraph."""
+    from tflite.Model import Model
+
+    sub = Model.GetRootAs(model, 0).Subgraphs(0)
+    return [sub.Operators(i).InputsLength() for i in range(sub.OperatorsLength())]
+
+
+@pytest.mark.parametrize("kernel,stride,pad,out_pad,bias,ops", [
+    (2, 2, 0, 0, True, ["TRANSPOSE_CONV"]),  # VALID (a U-Net's up-sampling)
+    (2, 2, 0, 0, False, ["TRANSPOSE_CONV"]),
+    (4, 2, 1, 0, True, ["TRANSPOSE_CONV"]),  # TFLite's SAME crops the head pad
+    (3, 2, 1, 1, True, ["TRANSPOSE_CONV", "STRIDED_SLICE"]),  # pads SAME does not crop: VALID, then a crop
+    (3, 2, 1, 1, False, ["TRANSPOSE_CONV", "STRIDED_SLICE"]),
+    (5, 3, 2, 1, True, ["TRANSPOSE_CONV", "STRIDED_SLICE"]),  # a crop of the head and the tail
+])
+def test_conv_transpose_is_transpose_conv(kernel, stride, pad, out_pad, bias, ops):
+    torch.manual_seed(0)
+    up = nn.ConvTranspose2d(4, 6, kernel, stride, padding=pad, output_padding=out_pad, bias=bias)
+    _, model = assert_bit_exact(up, [(1, 4, 5, 6)])
+    assert op_names(model) == ops
+    assert _operator_inputs(model)[0] == (4 if bias else 3)  # TRANSPOSE_CONV's bias input is optional
+
+
+def test_conv_transpose_then_relu_and_fused_bounds():
+    """A Relu after a ConvTranspose stays its own node in the IR (RELU); saturation bounds stored on the node
+    are TRANSPOSE_CONV's fused activation (version 4), which LiteRT 2.3.0's reference kernel applies."""
+    from npuforge.quant.quantize import _add_int
+    from npuforge.quant.tflite_tables import activation_range
+
+    torch.manual_seed(0)
+    _, model = assert_bit_exact(nn.Sequential(nn.ConvTranspose2d(4, 6, 3, 2, 1, 1), nn.ReLU()), [(1, 4, 5, 5)])
+    assert op_names(model) == ["TRANSPOSE_CONV", "STRIDED_SLICE", "RELU"]
+    up = nn.ConvTranspose2d(4, 6, 2, 2)
+    with torch.no_grad():
+        up.weight.mul_(20)  # an output range past 6, so RELU6's bound cuts
+    q, _ = exported(up, [(1, 4, 5, 5)])
+    node, yq = q.nodes[0], q.values[q.outputs[0]].quant
+    sim_in = quantize_input(np.random.default_rng(1).standard_normal((1, 4, 5, 5)).astype(np.float32) * 1.5,
+                            q.values[q.inputs[0]].quant)
+    for kind in ("Relu", "Relu6"):
+        lo, hi = activation_range(kind, yq)
+        _add_int(q, node, "act_min", np.asarray(lo, np.int32))
+        _add_int(q, node, "act_max", np.asarray(hi, np.int32))
+        model = to_tflite(q)
+        ours = IntegerSimulator(q).run({q.inputs[0]: sim_in}, dequantize=False)[q.outputs[0]]
+        theirs = run_litert(interpreter(model), [sim_in])[0]
+        assert op_names(model) == ["TRANSPOSE_CONV"] and ours.min() == lo and (kind == "Relu" or ours.max() == hi)
+        assert np.array_equal(ours.astype(np.int64), theirs.astype(np.int64)), kind
+
+
+def test_conv_transpose_16x8():
+    """An int16 output: the int8 input widened exactly (QUANTIZE), LiteRT's 16x8 TRANSPOSE_CONV with int64
+    biases (its 64-bit requantization rounds once: the quantizer's single_rounding)."""
+    torch.manual_seed(0)
+    up = Lambda(nn.ConvTranspose2d(4, 6, 3, 2, padding=1, output_padding=1))
+    q, model = assert_bit_exact(up, [(1, 4, 5, 5)], config=QuantConfig(target="tflite", int16=["/fn/ConvTranspose"]))
+    assert q.values[q.outputs[0]].quant.dtype == "int16"
+    assert op_names(model) == ["QUANTIZE", "TRANSPOSE_CONV", "STRIDED_SLICE"]
+
+
+@pytest.mark.parametrize("kwargs,why", [(dict(groups=2), "no groups"), (dict(dilation=2), "no dilations")])
+def test_conv_transpose_without_a_tflite_form_is_refused_in_one_line(kwargs, why):
+    with pytest.raises(npuforge.NpuforgeError, match=f"node '.*ConvTranspose' \\(ConvTranspose\\): TFLite's "
+                                                     f"TRANSPOSE_CONV has {why}") as e:
+        exported(nn.ConvTranspose2d(4, 6, 3, 2, **kwargs), [(1, 4, 5, 5)])
+    assert "\n" not in str(e.value)

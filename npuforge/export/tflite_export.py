@@ -6,7 +6,8 @@ What is written:
   same real numbers, every code shifted by 128, so every op computes the same);
 * Conv / depthwise Conv weights int8 symmetric per output channel (zero point 0),
   int32 biases at scale ``s_x * s_w``; 4-D tensors in NHWC (TFLite's layout), explicit
-  pads as SAME / VALID or a PAD op;
+  pads as SAME / VALID or a PAD op; a ConvTranspose is TRANSPOSE_CONV (OHWI weights), its pads
+  SAME / VALID or VALID and a STRIDED_SLICE crop;
 * graph inputs and outputs int8 (``io="int8"``, what an NPU compiler such as Vela
   takes) or float32 behind QUANTIZE / DEQUANTIZE (``io="float"``).
 
@@ -49,6 +50,25 @@ def _tflite_nearest(n_in: int, n_out: int, align: bool, half: bool) -> np.ndarra
     idx = round_half_away(pos) if align else np.floor(pos)
     idx = np.minimum(idx.astype(np.int64), n_in - 1)
     return np.maximum(idx, 0) if half else idx
+
+
+def _conv_out_size(padding: int, size: int, kernel: int, stride: int) -> int:
+    """TFLite's ComputeOutSize: a convolution's output size on an input of ``size`` (C's division)."""
+    from tflite.Padding import Padding
+
+    num = size + stride - 1 if padding == Padding.SAME else size - kernel + stride
+    return num // stride if num >= 0 else -(-num // stride)
+
+
+def transpose_conv_crop(padding: int, size: int, in_size: int, kernel: int, stride: int) -> int | None:
+    """The rows LiteRT's TRANSPOSE_CONV drops at the head of the full transposed convolution for an output
+    of ``size`` rows: the padding TFLite computes for a convolution whose input is that output
+    (ComputePaddingHeightWidth, the smaller half of the total); None where LiteRT refuses the size (its
+    Prepare wants that convolution's output size to be the input's, ``in_size``)."""
+    out = _conv_out_size(padding, size, kernel, stride)
+    if out != in_size:
+        return None
+    return max((out - 1) * stride + kernel - size, 0) // 2
 
 
 class _Exporter:
@@ -240,11 +260,12 @@ class _Exporter:
             self.op("PADV2", ins + [fill_t], [padded], "PadV2Options", version=2)
         return padded
 
-    def compute_io(self, node, xt: int, xq: QParams, wscale, units: int) -> tuple:
-        """(input tensor, bias tensor, 16x8?) of a CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED: the int8
-        input and int32 biases; for an int16 output TFLite's 16x8 mode: the input widened exactly
-        (QUANTIZE to the grid s_x / 2^7, zero point 0: each code minus its zero point, times 2^7) and
-        int64 biases at the widened scale (codes times 2^7)."""
+    def compute_io(self, node, xt: int, xq: QParams, wscale, units: int, optional_bias: bool = False) -> tuple:
+        """(input tensor, bias tensor, 16x8?) of a CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED /
+        TRANSPOSE_CONV: the int8 input and int32 biases; for an int16 output TFLite's 16x8 mode: the input
+        widened exactly (QUANTIZE to the grid s_x / 2^7, zero point 0: each code minus its zero point, times
+        2^7) and int64 biases at the widened scale (codes times 2^7). ``optional_bias``: no bias tensor
+        (None) for an int8 node without biases (TRANSPOSE_CONV's bias input is optional)."""
         wide = self.g.values[node.outputs[0]].quant.dtype == "int16"
         bias = (self.stored(node, "bias").astype(np.int64).reshape(units) if "bias" in node.quant
                 else np.zeros(units, np.int64))
@@ -255,6 +276,8 @@ class _Exporter:
                 self.widened[xt] = self.new_tensor(f"{self.w.tensors[xt].name}::int16", self.w.tensors[xt].shape, p16)
                 self.op("QUANTIZE", [xt], [self.widened[xt]], version=4)
             xt, bias, scale = self.widened[xt], bias << WIDENING_BITS, np.float64(p16.scale)
+        elif optional_bias and "bias" not in node.quant:
+            return xt, None, wide
         bscale = (scale * np.atleast_1d(wscale).astype(np.float64)).astype(np.float32)
         bt = self.const(f"{node.inputs[1]}::bias", bias, "int64" if wide else "int32",
                         TensorQuant(bscale, np.zeros(bscale.size, np.int64), 0))
@@ -294,6 +317,74 @@ class _Exporter:
                     DepthMultiplier=cout // cin, **common)
         else:
             self.op("CONV_2D", ins, outs, "Conv2DOptions", version=4 if wide else 3, **common)
+
+    def conv_transpose(self, node):
+        """ConvTranspose: TRANSPOSE_CONV (inputs: the output's NHWC shape, weights OHWI [C_out, KH, KW, C_in]
+        per output channel, the input, optional biases). LiteRT scatters every input pixel's products into
+        the full transposed convolution and keeps the output's rows from a head its padding computes on the
+        output's size (0 for VALID); ONNX crops ``pads`` head and tail and pads ``output_padding`` at the
+        tail, biases only. Where SAME or VALID gives the node's head pads, the output is the node's; else
+        VALID on the whole transposed convolution (grown by ``output_padding``), then a STRIDED_SLICE (a copy
+        of codes) crops the pads."""
+        from tflite.Padding import Padding
+
+        g, a = self.g, node.attrs
+        x, wname, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        if len(self.dims(x)) != 4:
+            _refuse(node, "only 2-D transposed convolutions have a TFLite builtin (TRANSPOSE_CONV)")
+        if a["group"] != 1:
+            _refuse(node, f"TFLite's TRANSPOSE_CONV has no groups (group {a['group']})")
+        if any(d != 1 for d in a["dilations"]):
+            _refuse(node, f"TFLite's TRANSPOSE_CONV has no dilations (dilations {list(a['dilations'])})")
+        xq, yq = self.qp(x), self.qp(y)
+        wq = g.values[wname].quant
+        if wq.dtype != "int8" or np.any(wq.zero_point != 0):
+            _refuse(node, "TFLite's int8 TRANSPOSE_CONV takes symmetric int8 weights (zero point 0)")
+        w = self.stored(node, "weight").astype(np.int8)  # [C_in, C_out, KH, KW]
+        cout = w.shape[1]
+        wscale = np.broadcast_to(wq.scale, (cout,))
+        real = np.float64(xq.scale) * wscale.astype(np.float64) / np.float64(yq.scale)
+        wide = yq.dtype == "int16"
+        self.check_multiplier(node, "", real, wide=wide)
+        if wide != ("single_rounding" in node.quant):  # LiteRT's int8 kernel rounds twice, its 16x8 one once
+            kernel, rounds = ("16x8", "once") if wide else ("int8", "twice")
+            _refuse(node, f"LiteRT's {kernel} TRANSPOSE_CONV rounds {rounds}, this node's requantization does not "
+                          f"({self.remedy()})")
+        act = self.fused(node, yq)
+        k, s, pads = a["kernel_shape"], a["strides"], a["pads"]
+        n, c, h, w_ = self.dims(y)
+        in_hw = self.dims(x)[2:]
+        heads = list(pads[:2])
+
+        def crops(p, sizes):
+            return [transpose_conv_crop(p, sz, i, kk, ss) for sz, i, kk, ss in zip(sizes, in_hw, k, s)]
+
+        size = (h, w_)
+        padding = next((p for p in (Padding.VALID, Padding.SAME) if crops(p, size) == heads), None)
+        if padding is None:  # VALID on the whole transposed convolution (and the output padding), then a crop
+            full = [(i - 1) * ss + kk for i, kk, ss in zip(in_hw, k, s)]
+            padding, size = Padding.VALID, tuple(max(o + hd, f) for o, hd, f in zip((h, w_), heads, full))
+            if crops(padding, size) != [0, 0]:
+                _refuse(node, f"pads {list(pads)} and output_padding {list(a['output_padding'])} are no crop of "
+                              f"TFLite's TRANSPOSE_CONV output")
+        wdata = w.transpose(1, 2, 3, 0)  # OHWI
+        wt = self.const(wname, wdata, "int8", TensorQuant(wscale, np.zeros(cout, np.int64), 0))
+        xt, bt, wide = self.compute_io(node, self.activation(x), xq, wscale, cout, optional_bias=True)
+        shape = (n, size[0], size[1], c)
+        out = self.activation(y) if size == (h, w_) else self.new_tensor(f"{y}::uncropped", shape, self.qp(y))
+        ins = [self.int32s(f"{node.name}::output_shape", shape), wt, xt] + ([bt] if bt is not None else [])
+        fields = dict(Padding=padding, StrideH=s[0], StrideW=s[1])
+        if act:
+            fields["FusedActivationFunction"] = act
+        # versions: 2 int8 (16x8 with int64 biases too), 3 with a bias input, 4 with a fused activation
+        self.op("TRANSPOSE_CONV", ins, [out], "TransposeConvOptions",
+                version=4 if act else 3 if bt is not None else 2, **fields)
+        if out != self.activation(y):
+            self.op("STRIDED_SLICE", [out, self.int32s(f"{y}::begin", (0, heads[0], heads[1], 0)),
+                                      self.int32s(f"{y}::end", (n, heads[0] + h, heads[1] + w_, c)),
+                                      self.int32s(f"{y}::strides", (1, 1, 1, 1))],
+                    [self.activation(y)], "StridedSliceOptions", version=4, BeginMask=0, EndMask=0,
+                    EllipsisMask=0, NewAxisMask=0, ShrinkAxisMask=0, Offset=False)
 
     def matmul(self, node):
         """A MatMul with a constant weight is a FULLY_CONNECTED (the quantizer's compute kind), one of
@@ -601,7 +692,7 @@ class _Exporter:
             _refuse(node, f"it was quantized with npuforge's own Softmax, not TFLite's ({self.remedy()})")
         tensor_ops.softmax(self, node)
 
-    HANDLERS = {"Conv": conv, "Gemm": gemm, "MatMul": matmul, "Add": add, "Sub": add, "Mul": mul, "GlobalAveragePool": mean,
+    HANDLERS = {"Conv": conv, "ConvTranspose": conv_transpose, "Gemm": gemm, "MatMul": matmul, "Add": add, "Sub": add, "Mul": mul, "GlobalAveragePool": mean,
                 "ReduceMean": mean, "AveragePool": pool, "MaxPool": pool, "Flatten": reshape, "Reshape": reshape,
                 "Squeeze": reshape, "Unsqueeze": reshape, "Concat": concat, "Pad": pad, "Relu": activation_op,
                 "Clip": activation_op, "LeakyRelu": activation_op, "Sigmoid": activation_op, "Tanh": activation_op, "HardSwish": activation_op,
