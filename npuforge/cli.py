@@ -19,14 +19,15 @@ from .outputs import Planned, add_force_option, check_outputs, input_files
 
 def parse_input_shapes(specs: list[str] | None) -> dict:
     """``--input-shape NAME=1,3,640,640`` (repeatable; NAME= may be left out for a
-    one-input model; a non-numeric dim such as N stays symbolic) -> {name: dims}."""
+    one-input model; a non-numeric dim such as N stays symbolic, -1 keeps the model's
+    dim) -> {name: dims}."""
     shapes = {}
     for spec in specs or []:
         name, _, dims = spec.rpartition("=")
         shape = tuple(int(d) if d.strip().lstrip("-").isdigit() else d.strip() for d in dims.split(","))
-        if not dims or any(d == "" or (isinstance(d, int) and d <= 0) for d in shape):
-            raise NpuforgeError(f"--input-shape {spec}: write NAME=D1,D2,... with positive sizes "
-                                f"(e.g. images=1,3,640,640)")
+        if not dims or any(d == "" or (isinstance(d, int) and d <= 0 and d != -1) for d in shape):
+            raise NpuforgeError(f"--input-shape {spec}: write NAME=D1,D2,... with positive sizes, -1 to keep the "
+                                f"model's dim, or a name such as N to keep it dynamic (e.g. images=1,3,640,640)")
         shapes[name] = shape
     return shapes
 
@@ -35,7 +36,7 @@ def add_input_shape_option(parser) -> None:
     parser.add_argument("--input-shape", action="append", metavar="NAME=D1,D2,...",
                         help="fix an ONNX model's dynamic input sizes, e.g. images=1,3,640,640 (repeat for "
                              "several inputs; NAME= may be left out for a one-input model; a name such as N "
-                             "keeps that dim dynamic)")
+                             "keeps that dim dynamic, -1 keeps the model's dim)")
 
 
 def _load(args):

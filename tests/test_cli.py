@@ -116,7 +116,10 @@ def test_unsupported_op(capsys, tmp_path):
     path = tmp_path / "unique.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
     code, _, err = run_cli(capsys, "inspect", path)
-    assert_user_error(code, err, "node 'mix'", "op 'Unique' is not supported", "supported ops: ")
+    assert_user_error(code, err, "node 'mix' (Unique)", "op 'Unique' is not supported", "`npuforge ops` lists")
+    assert len(err) < 300 and "Conv" not in err  # the op list is `npuforge ops`, not the message
+    code, out, _ = run_cli(capsys, "ops")
+    assert code == 0 and "Unique" not in out and "Conv" in out
 
 
 def test_unsupported_attribute_value(capsys, tmp_path):

@@ -135,3 +135,153 @@ def test_input_shape_refused_for_saved_ir_and_zoo_models(dynamic_model, capsys, 
     assert code == 2 and "--input-shape is for ONNX files" in err
     code, _, err = _cli(capsys, "eval", "resnet18", "--data", tmp_path, "--input-shape", "1,3,8,8")
     assert code == 2 and "zoo models have static input shapes" in err
+
+
+# -- dims stored as -1 / 0, If and Loop decided at import --------------------------------------------------
+
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None)
+                                                   for o in outputs],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in dict(inits).items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _ort(model, feeds) -> list:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def _assert_matches_ort(model, graph, feeds):
+    ours = graph.run(feeds)
+    for name, ref in zip(graph.outputs, _ort(model, feeds)):
+        assert ours[name].shape == ref.shape and np.abs(ours[name] - ref).max() <= 1e-5 * max(1, np.abs(ref).max())
+
+
+def test_dims_stored_as_minus_one_or_zero_are_dynamic(tmp_path, capsys):
+    """Several exporters mark a dynamic batch as -1 (or 0): a symbol, fixable with --input-shape."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [-1, 3, 0, 8])
+    scale = helper.make_node("Mul", ["x", "w"], ["y"])
+    model = _model([scale], [x], ["y"], {"w": np.float32([2, -1, 0.5]).reshape(1, 3, 1, 1)})
+    path = tmp_path / "minus_one.onnx"
+    onnx.save(model, path)
+    assert npuforge.load(path).values["x"].shape == ("x_dim0", 3, "x_dim2", 8)
+    graph = npuforge.load(path, input_shapes={"x": (-1, 3, 48, 8)})  # -1: as the model has it (dynamic)
+    assert graph.values["x"].shape == ("x_dim0", 3, 48, 8) and graph.values["y"].shape == ("x_dim0", 3, 48, 8)
+    feeds = {"x": np.random.default_rng(1).standard_normal((2, 3, 48, 8), np.float32)}
+    dynamic = onnx.ModelProto()
+    dynamic.CopyFrom(model)  # ONNX Runtime reads a stored 0 as a fixed 0: name the dims for it
+    for k, d in enumerate(dynamic.graph.input[0].type.tensor_type.shape.dim):
+        if d.dim_value <= 0:
+            d.dim_param = f"d{k}"
+    _assert_matches_ort(dynamic, graph, feeds)
+    code, out, err = _cli(capsys, "inspect", path, "--input-shape", "x=1,3,48,8", "--json")
+    assert code == 0, err
+    assert json.loads(out)["outputs"][0]["shape"] == [1, 3, 48, 8]
+    code, out, _ = _cli(capsys, "inspect", path, "--input-shape", "x=-1,-1,16,-1", "--json")
+    assert code == 0 and json.loads(out)["inputs"][0]["shape"] == ["x_dim0", 3, 16, 8]
+    for spec, fragment in [("x=1,3,-2,8", "with positive sizes, -1 to keep the model's dim"),
+                           ("x=1,4,48,8", "dim 1 is fixed at 3 in the model, not 4")]:
+        code, _, err = _cli(capsys, "inspect", path, "--input-shape", spec)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and fragment in err, err
+    with pytest.raises(NpuforgeError, match=r"dim 2 is 0; give a positive size, -1 to keep the model's dim"):
+        npuforge.load(path, input_shapes={"x": (1, 3, 0, 8)})
+
+
+def _branch(name, nodes, output, inits=()):
+    return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(output, TensorProto.FLOAT, None)],
+                             [numpy_helper.from_array(np.asarray(v), k) for k, v in dict(inits).items()])
+
+
+def _if_on_height(threshold: int = 32) -> onnx.ModelProto:
+    """y = x * 2 + 1 where the height exceeds ``threshold``, else -x or a constant (the branch's own
+    initializer) through a nested If on the width: the input's shape decides both."""
+    then = _branch("then", [helper.make_node("Mul", ["x", "two"], ["t"]), helper.make_node("Add", ["t", "one"], ["y_t"])],
+                   "y_t", {"two": np.float32(2)})
+    inner_then = _branch("inner_then", [helper.make_node("Neg", ["x"], ["n"])], "n")
+    inner_else = _branch("inner_else", [], "c", {"c": np.float32([0.5, -1.5])})  # an initializer of the branch
+    els = _branch("else", [helper.make_node("Shape", ["x"], ["s2"]),
+                           helper.make_node("Gather", ["s2", "three"], ["w"], axis=0),
+                           helper.make_node("Less", ["w", "wide"], ["narrow"]),
+                           helper.make_node("If", ["narrow"], ["y_e"], then_branch=inner_then,
+                                            else_branch=inner_else, name="inner")], "y_e")
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "two_i"], ["h"], axis=0),
+             helper.make_node("Greater", ["h", "limit"], ["tall"]),
+             helper.make_node("If", ["tall"], ["y"], then_branch=then, else_branch=els, name="by_height"),
+             helper.make_node("Relu", ["y"], ["out"])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])], ["out"],
+                  {"two_i": np.int64(2), "three": np.int64(3), "limit": np.int64(threshold), "one": np.float32(1),
+                   "wide": np.int64(16)})
+
+
+@pytest.mark.parametrize("size, ops", [((40, 8), {"Mul": 1, "Add": 1, "Relu": 1}),
+                                       ((24, 8), {"Neg": 1, "Relu": 1}),
+                                       ((24, 20), {"Identity": 1, "Relu": 1})])
+def test_if_with_a_condition_known_at_import_is_folded(size, ops):
+    model = _if_on_height()
+    graph = npuforge.import_onnx(model, input_shapes={"x": ("N", 3, *size)})
+    assert graph.op_histogram() == ops  # the taken branch only; the condition's Shape / Gather / Greater dropped
+    _assert_matches_ort(model, graph, {"x": np.random.default_rng(2).standard_normal((2, 3, *size), np.float32)})
+
+
+def test_if_and_loop_undecided_at_import_are_one_line(tmp_path, capsys):
+    path = tmp_path / "if.onnx"
+    onnx.save(_if_on_height(), path)
+    code, _, err = _cli(capsys, "inspect", path)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert ("node 'by_height' (If): its condition 'tall' is not known when the graph is imported: it depends on the "
+            "dynamic size of the graph input 'x' ['N', 3, 'H', 'W']; fix it with --input-shape x=D,3,D,D") in err
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    by_value = _model([helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+                       helper.make_node("Greater", ["s", "zero"], ["positive"]),
+                       helper.make_node("If", ["positive"], ["y"], name="sign", then_branch=_branch(
+                           "t", [helper.make_node("Neg", ["x"], ["n"])], "n"), else_branch=_branch("e", [], "x"))],
+                      [x], ["y"], {"zero": np.float32(0)})
+    with pytest.raises(NpuforgeError, match=r"^m\.onnx: node 'sign' \(If\): its condition 'positive' is not known "
+                                            r"when the graph is imported: it depends on the values of the graph "
+                                            r"input 'x'; npuforge imports If only when the condition is known"):
+        npuforge.import_onnx(by_value, name="m.onnx")
+    body = helper.make_graph([helper.make_node("Identity", ["c"], ["c2"]), helper.make_node("Neg", ["v"], ["v2"])],
+                             "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                                      helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                                      helper.make_tensor_value_info("v", TensorProto.FLOAT, None)],
+                             [helper.make_tensor_value_info(n, t, None) for n, t in
+                              (("c2", TensorProto.BOOL), ("v2", TensorProto.FLOAT))])
+    counted = _model([helper.make_node("ArgMax", ["x"], ["k"], axis=1, keepdims=0),
+                      helper.make_node("ReduceMax", ["k"], ["trips"], keepdims=0),
+                      helper.make_node("Loop", ["trips", "", "x"], ["y"], body=body, name="repeat")], [x], ["y"])
+    with pytest.raises(NpuforgeError, match=r"node 'repeat' \(Loop\): its trip count 'trips' is not known .* "
+                                            r"values of the graph input 'x'"):
+        npuforge.import_onnx(counted, name="m.onnx")
+
+
+def test_loop_with_a_known_trip_count_is_unrolled():
+    """y <- y * 0.5 + x three times (x from the outer scope), a scan output y + i, and a condition the
+    body computes: i < 2 stops it after the third iteration of five."""
+    f, i64, b = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
+    body = helper.make_graph(
+        [helper.make_node("Mul", ["y_in", "half"], ["m"]), helper.make_node("Add", ["m", "x"], ["y_out"]),
+         helper.make_node("Cast", ["i"], ["fi"], to=f), helper.make_node("Add", ["y_out", "fi"], ["scan"]),
+         helper.make_node("Less", ["i", "two"], ["again"])], "body",
+        [helper.make_tensor_value_info("i", i64, []), helper.make_tensor_value_info("c", b, []),
+         helper.make_tensor_value_info("y_in", f, None)],
+        [helper.make_tensor_value_info("again", b, []), helper.make_tensor_value_info("y_out", f, None),
+         helper.make_tensor_value_info("scan", f, None)],
+        [numpy_helper.from_array(np.float32(0.5), "half"), numpy_helper.from_array(np.int64(2), "two")])
+    model = _model([helper.make_node("Loop", ["five", "yes", "x"], ["y", "ys"], body=body, name="loop")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])], ["y", "ys"],
+                   {"five": np.int64(5), "yes": np.bool_(True)})
+    graph = npuforge.import_onnx(model)
+    assert graph.values["ys"].shape == (3, 2, 3) and "Loop" not in graph.op_histogram()
+    assert graph.op_histogram()["Mul"] == 3
+    _assert_matches_ort(model, graph, {"x": np.random.default_rng(3).standard_normal((2, 3), np.float32)})
+
+
+def test_gather_of_a_known_index_out_of_range_is_one_line():
+    """(Found by mutating the If models above: the shape arithmetic's np.take raised IndexError.)"""
+    model = _model([helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "seven"], ["d"]),
+                    helper.make_node("Cast", ["d"], ["y"], to=TensorProto.FLOAT)],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])], ["y"], {"seven": np.int64(7)})
+    with pytest.raises(NpuforgeError, match=r"node 'Gather_1' \(Gather\): index 7 is out of range for axis 0 of size 4"):
+        npuforge.import_onnx(model, name="m.onnx")

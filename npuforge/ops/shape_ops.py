@@ -75,6 +75,12 @@ class Gather(Structural):
         if idx.dtype not in ("int32", "int64"):
             fail(node, f"indices must be int32 or int64, got {idx.dtype}")
         axis = norm_axis(node, node.attrs["axis"], len(data.shape))
+        size = data.shape[axis]
+        if idx.value is not None and isinstance(size, int) and np.asarray(idx.value).size:
+            values = np.asarray(idx.value).astype(np.int64)
+            if values.min() < -size or values.max() >= size:
+                bad = int(values.max() if values.max() >= size else values.min())
+                fail(node, f"index {bad} is out of range for axis {axis} of size {size}")
         return [TensorInfo(data.dtype, (*data.shape[:axis], *idx.shape, *data.shape[axis + 1:]))]
 
     def np_forward(self, node, values, outs):
