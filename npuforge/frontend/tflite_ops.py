@@ -281,9 +281,104 @@ class OperatorRules:
         self.folded[o] = (p.dequantize(data) if p is not None and data.dtype.kind in "iu"
                           else data.astype(np.float32))
 
+    def depth_space(self, ins, o, opt, op):
+        """DEPTH_TO_SPACE / SPACE_TO_DEPTH: TF's channel order (block row, block column, depth) is DCR."""
+        if len(self.file_shape(ins[0])) != 4:
+            self.bad(f"an input of shape {list(self.file_shape(ins[0]))}; it must be 4-D (NHWC)")
+        b = self.at_least_1("a block size", [opt.BlockSize()])[0]
+        attrs = {"blocksize": b, "mode": "DCR"} if op == "DepthToSpace" else {"blocksize": b}
+        self.with_activation(Act.NONE, o, op, [self.value(ins[0])], attrs)
+
+    def densify(self, ins, o, opt):
+        """DENSIFY of constant sparse weights: the dense array, folded at import (``data`` densifies)."""
+        data = self.data(ins[0])
+        if data is None:
+            self.refuse("densifies a tensor computed at run time; npuforge imports DENSIFY of constant weights")
+        if data.shape != self.file_shape(o):
+            self.bad(f"a dense output of shape {list(self.file_shape(o))} for a tensor of shape {list(data.shape)}")
+        self.folded[o] = data
+
+    def strided_slice(self, ins, o, opt):
+        """TF's strided slice (begin / end / strides constants and the five masks) as a Slice on the
+        IR's axes, then the shrunk axes dropped and the new ones inserted: Squeeze / Unsqueeze, or for
+        a 4-D input or output a Reshape in the file's element order (``reshape``)."""
+        shape = self.file_shape(ins[0])
+        rank = len(shape)
+        begin, end, strides = (self.const(i, what).astype(np.int64).reshape(-1).tolist()
+                               for i, what in zip(ins[1:4], ("begins", "ends", "strides")))
+        n = len(begin)
+        if len(end) != n or len(strides) != n or 0 in strides:
+            self.bad(f"begins {begin}, ends {end} and strides {strides} (of one length, no stride 0)")
+        if opt.Offset():
+            self.refuse("has offset=true (ends counted from the begins), which npuforge does not import")
+        begin_mask, end_mask, ellipsis, new_axis, shrink = (opt.BeginMask(), opt.EndMask(), opt.EllipsisMask(),
+                                                            opt.NewAxisMask(), opt.ShrinkAxisMask())
+        bit = lambda mask, i: bool((mask >> i) & 1) if i < 32 else False  # noqa: E731
+        if bin(ellipsis & ((1 << n) - 1)).count("1") > 1:
+            self.bad(f"the ellipsis mask {ellipsis}, with more than one ellipsis")
+        spans = sum(1 for i in range(n) if not bit(ellipsis, i) and not bit(new_axis, i))
+        out, cuts, axis = [], [], 0  # out: ("keep" | "shrink", input axis) or ("new", None), in output order
+        entries = list(range(n)) + ([] if any(bit(ellipsis, i) for i in range(n)) else [None])
+        for i in entries:
+            if i is None or bit(ellipsis, i):  # the ellipsis (implicit at the end): the dims no entry spans
+                if rank < spans:
+                    self.bad(f"{spans} slice entries for a rank-{rank} input")
+                out += [("keep", axis + j) for j in range(rank - spans)]
+                axis += rank - spans
+                continue
+            if bit(new_axis, i):
+                out.append(("new", None))
+                continue
+            if axis >= rank:
+                self.bad(f"{spans} slice entries for a rank-{rank} input")
+            dim = shape[axis]
+            if bit(shrink, i):
+                b = begin[i] + dim if begin[i] < 0 else begin[i]
+                if not 0 <= b < dim:
+                    self.bad(f"the index {begin[i]} of a dim of {dim} (shrink_axis_mask)")
+                picked = range(b, b + 1)
+            else:
+                picked = range(dim)[slice(None if bit(begin_mask, i) else begin[i],
+                                          None if bit(end_mask, i) else end[i], strides[i])]
+            if len(picked) == 0:
+                self.refuse(f"selects nothing along dim {axis} (an empty tensor), which npuforge does not import")
+            if picked != range(dim):
+                cuts.append((axis, picked))
+            out.append(("shrink" if bit(shrink, i) else "keep", axis))
+            axis += 1
+        q = self.activation_q(o)
+        x = self.value(ins[0])
+        sliced = list(shape)
+        if cuts:
+            ir_axis = [IR_AXIS[a] if rank == 4 else a for a, _ in cuts]
+            ends = [r.start + r.step * len(r) for _, r in cuts]
+            ends = [e if e >= 0 else -shape[a] - 1 for e, (a, _) in zip(ends, cuts)]  # -1: before index 0
+            for a, r in cuts:
+                sliced[a] = len(r)
+            x = self.emit("Slice", [x, self.int64s(f"{self.base}::starts", [r.start for _, r in cuts]),
+                                    self.int64s(f"{self.base}::ends", ends), self.int64s(f"{self.base}::axes", ir_axis),
+                                    self.int64s(f"{self.base}::steps", [r.step for _, r in cuts])],
+                          quant=q, suffix="slice").outputs[0]
+        result = [1 if kind == "new" else sliced[a] for kind, a in out if kind != "shrink"]
+        if tuple(result) != self.file_shape(o):
+            self.bad(f"an output of shape {list(self.file_shape(o))} where the slice gives {result}")
+        dropped = [a for kind, a in out if kind == "shrink"]
+        added = [k for k, (kind, _) in enumerate(e for e in out if e[0] != "shrink") if kind == "new"]
+        if not dropped and not added:
+            return self.bind(o, x)
+        if rank == 4 or len(result) == 4:
+            return self.bind(o, self.reshape(x, tuple(sliced), tuple(result), q, self.fresh(self.tname(o))))
+        if dropped:
+            x = self.emit("Squeeze", [x, self.int64s(f"{self.base}::squeeze", dropped)], quant=q,
+                          out=None if added else self.fresh(self.tname(o)), suffix="squeeze").outputs[0]
+        if added:
+            x = self.emit("Unsqueeze", [x, self.int64s(f"{self.base}::unsqueeze", added)], quant=q,
+                          out=self.fresh(self.tname(o)), suffix="unsqueeze").outputs[0]
+        self.bind(o, x)
+
     # the inputs each rule reads whatever the file says (the others are optional: a bias, PADV2's value)
     ARITY = {"conv": 2, "fully_connected": 2, "elementwise": 2, "mean": 2, "pad": 2, "transpose_op": 2,
-             "prelu": 2, "resize": 2}  # the rest: 1
+             "prelu": 2, "resize": 2, "strided_slice": 4}  # the rest: 1
 
     # builtin -> (method, options table, extra arguments)
     HANDLERS = {
@@ -300,5 +395,8 @@ class OperatorRules:
         "RELU6": ("relu", None, Act.RELU6), "RELU_N1_TO_1": ("relu", None, Act.RELU_N1_TO_1),
         "PRELU": ("prelu", None), "RESIZE_BILINEAR": ("resize", "ResizeBilinearOptions", "linear"),
         "RESIZE_NEAREST_NEIGHBOR": ("resize", "ResizeNearestNeighborOptions", "nearest"),
-        "DEQUANTIZE": ("dequantize", None),
+        "DEQUANTIZE": ("dequantize", None), "DENSIFY": ("densify", None),
+        "STRIDED_SLICE": ("strided_slice", "StridedSliceOptions"),
+        "DEPTH_TO_SPACE": ("depth_space", "DepthToSpaceOptions", "DepthToSpace"),
+        "SPACE_TO_DEPTH": ("depth_space", "SpaceToDepthOptions", "SpaceToDepth"),
     }

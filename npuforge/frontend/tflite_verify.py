@@ -11,6 +11,9 @@ tensor shapes are sane. :func:`verify_options` does the same for an operator's o
 table when the importer reads it. Past them, the accessors the importer calls read
 inside the file only.
 
+:func:`read_sparsity` reads a sparse tensor's parameters (traversal order, block map,
+dimension metadata) the same checked way, for the importer to densify it.
+
 This is not a general flatbuffer verifier: fields the importer never reads are not
 visited, so a file may pass here and still be refused by LiteRT.
 """
@@ -42,7 +45,11 @@ _OPTIONS = {  # per options table: the fields tflite_ops reads
     "Pool2DOptions": {4: 1, 6: 4, 8: 4, 10: 4, 12: 4, 14: 1},
     "ConcatenationOptions": {4: 4, 6: 1}, "ReducerOptions": {4: 1}, "SoftmaxOptions": {4: 4},
     "ResizeBilinearOptions": {8: 1, 10: 1}, "ResizeNearestNeighborOptions": {4: 1, 6: 1},
+    "StridedSliceOptions": {4: 4, 6: 4, 8: 4, 10: 4, 12: 4, 14: 1},
+    "DepthToSpaceOptions": {4: 4}, "SpaceToDepthOptions": {4: 4},
 }
+_DIM_METADATA = {4: 1, 6: 4, 8: 1, 12: 1}  # format, dense_size, the two index vectors' union types
+_INDEX_VECTORS = {1: "<i4", 2: "<u2", 3: "u1"}  # SparseIndexVector: Int32Vector, Uint16Vector, Uint8Vector
 
 
 class _Walker:
@@ -193,3 +200,35 @@ def verify_options(table: Table, cls: str, where: str, at: str) -> None:
     """An operator's options table (read as ``cls``) lies inside the file, with its fields."""
     w = _Walker(table.Bytes, where)
     w.table(table.Pos, f"the options of {at}", _OPTIONS[cls])  # (a new rule's options need an entry)
+
+
+def read_sparsity(buf: bytes, tensor_pos: int, where: str, what: str) -> tuple[list, list, list]:
+    """A sparse tensor's parameters, every offset and length checked: (traversal order, block
+    map, one (format, dense_size, array_segments, array_indices) per level of the traversal,
+    the two arrays int64 numpy vectors, or None where absent)."""
+    import numpy as np
+
+    w = _Walker(buf, where)
+    tensor = w.table(tensor_pos, what, {})
+    at = w.target(tensor, 16, f"{what}'s sparsity")
+    if at is None:
+        w.fail(f"{what} has no sparsity parameters")
+    sp = w.table(at, f"{what}'s sparsity", {})
+    order = w.ints(sp, 4, f"{what}'s traversal order")
+    block_map = w.ints(sp, 6, f"{what}'s block map")
+    levels = []
+    for k, d in enumerate(w.tables(sp, 8, f"{what}'s dimension metadata", _DIM_METADATA)):
+        arrays = []
+        for type_slot, slot, name in ((8, 10, "array_segments"), (12, 14, "array_indices")):
+            kind, pos = w.scalar(d, type_slot, "<B"), w.target(d, slot, f"{what}'s level {k} {name}")
+            if kind == 0 or pos is None:
+                arrays.append(None)
+                continue
+            if kind not in _INDEX_VECTORS:
+                w.fail(f"{what}'s level {k} {name} has the index vector type {kind} (1 to 3 are defined)")
+            dtype = np.dtype(_INDEX_VECTORS[kind])
+            start, n = w.vector(w.table(pos, f"{what}'s level {k} {name}", {}), 4, dtype.itemsize,
+                                f"{what}'s level {k} {name}")
+            arrays.append(np.frombuffer(buf, dtype, n, start).astype(np.int64) if n else np.zeros(0, np.int64))
+        levels.append((w.scalar(d, 4, "<b"), w.scalar(d, 6, "<i"), arrays[0], arrays[1]))
+    return order, block_map, levels
