@@ -7,7 +7,8 @@ to ``.tflite``, then on the next --num-eval photos run the integer simulator and
 (reference kernels, and its default optimized kernels) on the same int8 input codes
 and count the photos whose output codes agree bit for bit; top-1 of each against the
 labels beside the float model's and the default quantization's (integer simulator), and
-the photos where the two quantizations' top-1 differ. With Vela installed (``pip install ethos-u-vela``)
+the photos where the two quantizations' top-1 differ, and each quantization's mean relative error
+of the logits against float (|int - float| / |float| per photo), a finer measure than top-1. With Vela installed (``pip install ethos-u-vela``)
 each export is also compiled for an Ethos-U55-256 and its operator placement printed.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tflite_litert.py
@@ -69,6 +70,7 @@ def bench(name: str, data: Path, num_calib: int, num_eval: int, out_dir: Path) -
     counts = {"photos": 0, "ref_equal": 0, "default_equal": 0, "default_codes_differ": 0, "default_max_diff": 0}
     top1 = {"float": 0, "default_quantization": 0, "integer": 0, "litert_ref": 0, "litert_default": 0}
     counts["top1_differs"] = 0
+    logit_error = {"default_quantization": 0.0, "target": 0.0}  # sum over photos of |int - float| / |float|
     seconds = {"integer": 0.0, "litert_ref": 0.0, "litert_default": 0.0}
     for x, labels, _ in iter_batches(ImageDataset(data, skip=num_calib, limit=num_eval), transform, 1):
         codes = quantize_input(x, q.values[inp].quant)
@@ -85,6 +87,9 @@ def bench(name: str, data: Path, num_calib: int, num_eval: int, out_dir: Path) -
         floats = graph.run({inp: x})[out]
         default_q = base_sim.run({base.inputs[0]: x})[base.outputs[0]]
         counts["top1_differs"] += int(np.argmax(default_q) != np.argmax(ours))
+        target_q = sim.run({inp: codes})[out]  # --target tflite's logits, dequantized
+        for key, logits in (("default_quantization", default_q), ("target", target_q)):
+            logit_error[key] += float(np.linalg.norm(logits - floats) / np.linalg.norm(floats))
         counts["photos"] += 1
         counts["ref_equal"] += int(np.array_equal(ours, r))
         counts["default_equal"] += int(np.array_equal(ours, d))
@@ -95,8 +100,9 @@ def bench(name: str, data: Path, num_calib: int, num_eval: int, out_dir: Path) -
             top1[key] += int(np.argmax(logits) == labels[0])
     n = counts["photos"]
     return {"model": name, **counts, **{f"top1_{k}": 100.0 * v / n for k, v in top1.items()},
-            **{f"ms_{k}": 1000.0 * v / n for k, v in seconds.items()}, "vela": vela_summary(path, out_dir / "vela"),
-            "bytes": len(model)}
+            **{f"ms_{k}": 1000.0 * v / n for k, v in seconds.items()},
+            **{f"logit_error_{k}": v / n for k, v in logit_error.items()},
+            "vela": vela_summary(path, out_dir / "vela"), "bytes": len(model)}
 
 
 def main() -> int:
@@ -116,13 +122,15 @@ def main() -> int:
     print()
     print("| model | photos | LiteRT reference = integer sim | LiteRT default = integer sim | default: codes differing "
           "(max) | top-1 float / default quantization / --target tflite (integer sim) / LiteRT ref / LiteRT default "
-          "| photos whose top-1 the target changes | ms per photo: sim / ref / default | Vela (Ethos-U55-256) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| photos whose top-1 the target changes | logits' error vs float: default / target "
+          "| ms per photo: sim / ref / default | Vela (Ethos-U55-256) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['photos']} | {r['ref_equal']} / {r['photos']} | {r['default_equal']} / "
               f"{r['photos']} | {r['default_codes_differ']} of {r['photos'] * 1000} ({r['default_max_diff']}) | "
               f"{r['top1_float']:.2f} / {r['top1_default_quantization']:.2f} / {r['top1_integer']:.2f} / "
               f"{r['top1_litert_ref']:.2f} / {r['top1_litert_default']:.2f} % | {r['top1_differs']} | "
+              f"{r['logit_error_default_quantization']:.4f} / {r['logit_error_target']:.4f} | "
               f"{r['ms_integer']:.0f} / {r['ms_litert_ref']:.0f} / {r['ms_litert_default']:.1f} | {r['vela']} |")
     return 0
 
