@@ -315,6 +315,21 @@ def test_concat_of_many_inputs_compiles_and_is_bit_exact(branches):
     assert_bit_exact(graph, cascaded, rng, (1, 4, 12, 12))
 
 
+def test_the_report_shows_the_host_cpu_partition_and_why(tmp_path):
+    """A Softmax has no kernel on npu256: the HTML report colours its layer in a chart of its own and
+    lists why it left the NPU."""
+    from npuforge.compiler.report import layer_rows, render_html
+
+    rng = np.random.default_rng(3)
+    b = Builder(rng, 3, 8, 8)
+    x, _ = b.conv("input", (3, 8, 8), 4, 3, 1, 1, 1, [1, 1, 1, 1], "relu")
+    graph = quantized(b.model([b.node("Softmax", [x], axis=1)], "soft"), (1, 3, 8, 8), rng)
+    program = compile_graph(graph, NPU256)
+    html = render_html(program, layer_rows(program))
+    assert html.count("<svg") == 4 and "NPU and host CPU partitions" in html
+    assert "does not list &#x27;softmax&#x27;" in html
+
+
 CHROMIUM = Path("/usr/bin/chromium")
 
 

@@ -117,6 +117,20 @@ def render_html(program, rows: list[dict]) -> str:
     parts.append(svg.line_chart({"compute cycles": [r["compute_cycles"] for r in rows],
                                  "total cycles": [r["cycles"] for r in rows]}, "layer (schedule order)", "cycles",
                                 "compute vs total cycles", labels=[r["layer"] for r in rows]))
+    cpu = {k for k, r in enumerate(rows) if r["device"] == "cpu"}
+    if cpu:
+        parts.append("<h2>NPU and host CPU partitions</h2>")
+        parts.append(svg.bar_chart([r["cycles"] for r in rows], "layer (schedule order)", "cycles",
+                                   "cycles per layer, by device", labels=[r["layer"] for r in rows], highlight=cpu))
+        on_cpu = sum(rows[k]["cycles"] for k in cpu)
+        parts.append(f"<p class='note'>Red: the {len(cpu)} layers the host CPU runs ({on_cpu:,} cycles, "
+                     f"{on_cpu / max(1, s['cycles']):.0%} of the program's; "
+                     f"{100 * s['npu_macs_fraction']:.1f} % of the MACs on the NPU). Why each left the NPU:</p>")
+        why: dict = {}
+        for k in sorted(cpu):
+            why.setdefault(rows[k]["why"], []).append(rows[k]["layer"])
+        parts.append(_table(["layers", "why", "first of them"],
+                            [[len(v), w, v[0]] for w, v in sorted(why.items(), key=lambda kv: -len(kv[1]))], left=3))
     if s["cascades"]:
         parts.append("<h2>Cascades</h2>")
         parts.append(_table(["first", "last", "operations", "stripe rows"],
