@@ -541,11 +541,11 @@ def test_int8_operator_without_integer_rule_is_refused():
     w = TFLiteWriter()
     q = TensorQuant(np.array([0.05], np.float32), np.array([3]))
     x, y = w.tensor("x", S, "int8", quant=q), w.tensor("y", S, "int8", quant=q)
-    alpha = w.tensor("alpha", (1, 1, 3), "int8", data=np.array([[[10, 20, 30]]], np.int8),
-                     quant=TensorQuant(np.array([0.01], np.float32), np.array([0])))
+    # a computed slope (a second input): PRelu's integer rule takes a constant one (test_quant_rules_37.py)
+    alpha = w.tensor("alpha", (1, 1, 3), "int8", quant=TensorQuant(np.array([0.01], np.float32), np.array([0])))
     w.operator(BuiltinOperator.PRELU, [x, alpha], [y])
     with pytest.raises(UnsupportedError, match=r"^m\.tflite: operator 0 \(PRELU\) on int8 tensors has no integer"):
-        import_tflite(w.finish([x], [y]), name="m.tflite")
+        import_tflite(w.finish([x, alpha], [y]), name="m.tflite")
     moved = model_of("TRANSPOSE", "TransposeOptions", S, (1, 6, 5, 3), [_i32(0, 2, 1, 3)], quant=(IN_Q, (0.04, 3)))
     with pytest.raises(UnsupportedError, match=r"operator 0 \(TRANSPOSE\) has an output quantized differently"):
         import_tflite(moved, name="m.tflite")

@@ -210,7 +210,9 @@ class LeakyRelu(_Unary):
 class PRelu(Op):
     name = "PRelu"
     inputs = (2, 2)
-    summary = "x if x >= 0 else slope * x; slope broadcasts to x (unidirectional)"
+    summary = ("x if x >= 0 else slope * x; slope broadcasts to x (unidirectional); int8: two requantizations, "
+               "an int8 slope per channel")
+    quant = "prelu"  # a constant slope: quant/prelu_rule.py
 
     def infer(self, node, ins):
         x, slope = ins
@@ -224,13 +226,46 @@ class PRelu(Op):
         x, slope = xs
         return [torch.where(x >= 0, x, x * slope)]
 
+    def quant_kind(self, node, graph):
+        """Two requantizations with an int8 slope (quant/prelu_rule.py) where the slope is a constant."""
+        x, slope, y = (graph.values[n] for n in (*node.inputs, node.outputs[0]))
+        return "prelu" if slope.is_const and not x.is_const and y.dtype in FLOAT else None
+
+    def quantize_integers(self, graph, node, add, config=None):
+        from ..quant.prelu_rule import quantize_integers
+
+        quantize_integers(graph, node, add, config)
+
+    def integer_forward(self, sim, node, env):
+        from ..quant.prelu_rule import integer_forward
+
+        return integer_forward(sim, node, env)
+
 
 @register
 class Clip(Op):
     name = "Clip"
     inputs = (1, 3)
-    summary = "clamp(x, min, max); min and max optional inputs"
+    summary = "clamp(x, min, max); min and max optional inputs; int8: a table (computed bounds: the minmax rule)"
     quant = "lut"
+
+    def quant_kind(self, node, graph):
+        """A table of x with constant bounds; computed bounds: the Max / Min rule (quant/minmax_rule.py)."""
+        bounds = [graph.values[b] for b in node.inputs[1:] if b]
+        if all(b.is_const for b in bounds):
+            return self.quant
+        x, y = graph.values[node.inputs[0]], graph.values[node.outputs[0]]
+        return "minmax" if y.dtype in FLOAT and not x.is_const else None
+
+    def quantize_integers(self, graph, node, add, config=None):
+        from ..quant.minmax_rule import quantize_integers
+
+        quantize_integers(graph, node, add, config)
+
+    def integer_forward(self, sim, node, env):
+        from ..quant.minmax_rule import integer_forward
+
+        return integer_forward(sim, node, env)
 
     def infer(self, node, ins):
         x = ins[0]

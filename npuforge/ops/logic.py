@@ -37,6 +37,17 @@ def lut_with_scalar_constants(node, graph) -> str | None:
     return "lut"
 
 
+def minmax_of_activations(node, graph) -> str | None:
+    """"minmax" for a float Max / Min of activations (and constants): each operand requantized to
+    the output's grid, then the maximum or minimum of the codes (quant/minmax_rule.py)."""
+    values = graph.values
+    ins = [values[n] for n in node.inputs]
+    if values[node.outputs[0]].dtype not in FLOAT or any(v.dtype not in FLOAT for v in ins) or \
+            all(v.is_const for v in ins):
+        return None
+    return "minmax"
+
+
 # -- comparisons and logic ------------------------------------------------------------
 
 class _Compare(Op):
@@ -187,25 +198,49 @@ class _Variadic(Op):
 @register
 class Max(_Variadic):
     name = "Max"
-    summary = "elementwise maximum of 1 or more inputs, numpy broadcasting; integers too"
+    summary = ("elementwise maximum of 1 or more inputs, numpy broadcasting; integers too; int8: each operand "
+               "requantized to the output grid (a table with a scalar constant)")
+    quant = "minmax"  # quant/minmax_rule.py
 
     def combine(self, a, b):
         return torch.maximum(a, b)
 
     def quant_kind(self, node, graph):
-        return lut_with_scalar_constants(node, graph)
+        return lut_with_scalar_constants(node, graph) or minmax_of_activations(node, graph)
+
+    def quantize_integers(self, graph, node, add, config=None):
+        from ..quant.minmax_rule import quantize_integers
+
+        quantize_integers(graph, node, add, config)
+
+    def integer_forward(self, sim, node, env):
+        from ..quant.minmax_rule import integer_forward
+
+        return integer_forward(sim, node, env)
 
 
 @register
 class Min(_Variadic):
     name = "Min"
-    summary = "elementwise minimum of 1 or more inputs, numpy broadcasting; integers too"
+    summary = ("elementwise minimum of 1 or more inputs, numpy broadcasting; integers too; int8: each operand "
+               "requantized to the output grid (a table with a scalar constant)")
+    quant = "minmax"  # quant/minmax_rule.py
 
     def combine(self, a, b):
         return torch.minimum(a, b)
 
     def quant_kind(self, node, graph):
-        return lut_with_scalar_constants(node, graph)
+        return lut_with_scalar_constants(node, graph) or minmax_of_activations(node, graph)
+
+    def quantize_integers(self, graph, node, add, config=None):
+        from ..quant.minmax_rule import quantize_integers
+
+        quantize_integers(graph, node, add, config)
+
+    def integer_forward(self, sim, node, env):
+        from ..quant.minmax_rule import integer_forward
+
+        return integer_forward(sim, node, env)
 
 
 @register

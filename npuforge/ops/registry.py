@@ -98,6 +98,9 @@ class Op:
     #   "passthrough"  moves or selects values: the output shares the input's parameters
     #   "interpolate"  a linear Resize on the input's grid: integer bilinear weights (quant/resize_rule.py)
     #   "concat"       inputs and output share one set of parameters
+    #   "prelu"        PRelu with a constant slope: int8 slope codes, two requantizations (quant/prelu_rule.py)
+    #   "minmax"       Max / Min of activations, Clip with computed bounds: each operand requantized to the
+    #                  output's grid, then max / min of the codes (quant/minmax_rule.py)
     #   "shape"        integer shape arithmetic: stays as it is
     #   None           no rule: kept in float (a warning; an error under strict)
     quant: ClassVar[str | None] = None

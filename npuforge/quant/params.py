@@ -116,6 +116,27 @@ class QParams:
 _NP_INT = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16, "int32": np.int32}
 
 
+def check_finite(t, what: str, engine: str) -> None:
+    """NpuforgeError when the float tensor or array ``t`` holds NaN or an infinity, naming
+    ``what`` (the node and value, or the input) and the engine. Where a float value becomes
+    codes, NaN has no code (a cast makes it an arbitrary one) and an infinity would become the
+    grid's end without a word: the integer simulator and fake-quant check every input and every
+    value a node kept in float computes."""
+    arr = t.numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+    if arr.dtype.kind != "f" or np.isfinite(arr).all():
+        return
+    nan = int(np.isnan(arr).sum())
+    inf = int(np.isinf(arr).sum())
+    found = " and ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "infinite")) if n)
+    from ..errors import NpuforgeError
+
+    fix = "fix the input data" if what.startswith("input") else \
+        "fix the computation there (a divisor whose epsilon is below its grid's step becomes 0: keep the node " \
+        "adding the epsilon in float, --keep-float NODE)"
+    raise NpuforgeError(f"{what} holds {found} value(s) of {arr.size} in {engine}: an integer program has no NaN "
+                        f"or infinity (as a code it would be arbitrary, or the grid's end); {fix}")
+
+
 def from_range(lo, hi, dtype: str, symmetric: bool, axis: int | None = None) -> QParams:
     """Parameters that cover [lo, hi] (widened to contain 0), per tensor or per channel."""
     lo = np.minimum(np.asarray(lo, np.float64), 0.0)

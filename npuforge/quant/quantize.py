@@ -125,6 +125,8 @@ def make_plan(graph, config: QuantConfig) -> Plan:
         float_ins = [i for i in node.inputs if _is_float(graph, i)]
         if kind == "compute":
             float_ins = float_ins[:1]  # weight and bias are quantized by the node
+        elif kind == "minmax":
+            float_ins = [i for i in float_ins if not graph.values[i].is_const]  # constants: output codes
         elif kind in ("lut", "pool", "passthrough") or _owns_rule(node):
             float_ins = float_ins[:1]  # other float inputs are parameters (Clip bounds, pad value, scale)
         for name in float_ins:
@@ -136,7 +138,8 @@ def make_plan(graph, config: QuantConfig) -> Plan:
             # (TFLite's int8 AVERAGE_POOL_2D averages codes: its output keeps its input's grid)
             for o in outs:
                 plan.union(float_ins[0], o)
-        elif kind == "concat":
+        elif kind == "concat" or (kind == "minmax" and config.target == "tflite"):
+            # (TFLite's MAXIMUM / MINIMUM compare codes: operands and output on one grid)
             for name in float_ins + outs:
                 plan.union(float_ins[0], name)
     if config.strict and plan.kept_float:
@@ -380,6 +383,8 @@ def _quantize_node(graph, node, kind: str, config: QuantConfig, widened: list) -
             from .tflite_softmax import quantize_integers as tflite_softmax
 
             tflite_softmax(graph, node, add)
+        elif kind in ("prelu", "minmax"):  # rules that read the configuration (TFLite's multipliers)
+            get_op(node.op).quantize_integers(graph, node, add, config)
         else:
             get_op(node.op).quantize_integers(graph, node, add)
 

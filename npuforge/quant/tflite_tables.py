@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..errors import UnsupportedError
 from ..sim.int_ops import requantize_fixedpoint
 from .fixedpoint import doubling_high_mul, rdbp, round_half_away
 from .params import QParams
@@ -114,12 +115,17 @@ RELU_KINDS = {(0.0, None): "Relu", (0.0, 6.0): "Relu6", (-1.0, 1.0): "ReluN1To1"
 
 
 def clip_bounds(graph, node) -> tuple:
-    """(lo, hi) of a Relu or Clip node, None for an open side."""
+    """(lo, hi) of a Relu or Clip node, None for an open side; a bound computed from the data
+    (no number) is an UnsupportedError naming the node."""
     if node.op == "Relu":
         return 0.0, None
     bounds = []
     for k in (1, 2):
         name = node.inputs[k] if len(node.inputs) > k else ""
+        if name and not graph.values[name].is_const:
+            raise UnsupportedError(f"node '{node.name}' (Clip): its {('min', 'max')[k - 1]} bound '{name}' is "
+                                   f"computed from the data, not a number; TFLite's RELU kernels take constant bounds "
+                                   f"(the integer rule is MAXIMUM / MINIMUM of the codes)")
         bounds.append(float(np.asarray(graph.values[name].data).reshape(-1)[0]) if name else None)
     return tuple(bounds)
 

@@ -24,8 +24,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..quant.params import check_finite
 from .float_exec import execute
-from .integer import quantize_input
+from .integer import integer_kind, quantize_input
+
+ENGINE = "fake-quant"
+# quantization kinds whose float function of finite codes is never NaN
+_NO_NAN = ("compute", "matmul", "elementwise", "pool", "passthrough", "concat", "interpolate", "prelu", "minmax")
 
 PRECISIONS = ("float32", "float64")
 
@@ -36,16 +41,36 @@ def run_fake_quant(graph, feeds: dict, outputs: list[str] | None = None, *, prec
     wide = precision == "float64"
     quantized = {name: v.quant for name, v in graph.values.items() if v.quant is not None and not v.is_const}
     inputs = set(graph.inputs)
+    # who computes each value: a node the integer program runs in float is checked whole for NaN and
+    # infinities (as the integer simulator checks it); a quantized table or normalization (a float function
+    # that may be undefined on finite codes: the square root of a negative one) for NaN (an infinity out of
+    # its float function, log(0), is the grid's end, as its table has it); the other kinds' float functions
+    # of finite codes are not NaN (not checked: the cost would be one more pass over every activation)
+    producer = {o: node for node in graph.nodes for o in node.outputs if o}
+    kinds = {o: integer_kind(graph, node) for node in graph.nodes for o in node.outputs if o}
+    in_float = {o for o, kind in kinds.items() if kind is None}
+    maybe_nan = {o for o, kind in kinds.items() if kind is not None and kind not in _NO_NAN}
+
+    def what(name: str) -> str:
+        node = producer.get(name)
+        return f"node '{node.name}' ({node.op}) output '{name}'" if node is not None else f"input '{name}'"
 
     def widen(t: torch.Tensor) -> torch.Tensor:
         return t.to(torch.float64) if wide and t.is_floating_point() else t
 
     def value_hook(name: str, t: torch.Tensor) -> torch.Tensor:
         p = quantized.get(name)
+        if t.is_floating_point() and (name in inputs or name in in_float):
+            check_finite(t, what(name), ENGINE)
         if p is not None and wide and name in inputs:  # the integer program's input codes, in float64
             return p.dequantize_torch(torch.from_numpy(quantize_input(t.numpy(), p)), torch.float64)
         t = widen(t)
-        return p.fake_quant(t) if p is not None else t
+        if p is None:
+            return t
+        t = p.fake_quant(t)
+        if name in maybe_nan and not bool(torch.isfinite(t.sum())):  # on the grid only NaN is not finite
+            check_finite(t, what(name), ENGINE)
+        return t
 
     def const_hook(value, t: torch.Tensor) -> torch.Tensor:
         if value.quant is None:

@@ -58,7 +58,14 @@ Per kind, in ``fixedpoint`` mode (R(v; M, s) is the requantization above;
 * lut: ``y = lut[x - qmin]``.
 * nms: NonMaxSuppression on the codes of its boxes and scores, int64 indices out
   (quant/nms_rule.py: exact integer areas, the IoU threshold on a 2^-16 grid).
+* prelu: ``zp_y + R(x'; M_1, s_1)`` where ``x' >= 0``, ``zp_y + R(x' a'; M_2, s_2)`` elsewhere, a' the
+  int8 slope's codes less their zero point, M_2 per channel (quant/prelu_rule.py).
+* minmax (Max / Min of activations, Clip with a computed bound): every operand requantized to the
+  output grid, ``zp_y + R(x_k'; M_k, s_k)``, then their maximum / minimum (quant/minmax_rule.py).
 * passthrough / concat: the op moves codes; parameters are shared.
+
+NaN or an infinity in a float graph input, or in a value a node kept in float computes, is an
+NpuforgeError naming the node and the value (a cast would make it an arbitrary code).
 
 Graph inputs given as float arrays are quantized with the input value's
 parameters (``round_half_even(x / s) + zp``, saturated); integer arrays of the
@@ -74,6 +81,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelFormatError, NpuforgeError, UnsupportedError
 from ..ops.registry import get_op
+from ..quant.params import check_finite
 from ..quant.requant import activation_code_bounds, multiplier_value, quantize_multiplier
 from .float_exec import check_feeds, last_uses
 from .int_ops import (NP_INT, TORCH_INT, conv_int64, exact_float_dtype, max_abs_code, requantize_fixedpoint,
@@ -94,6 +102,19 @@ def _channel_shape(arr: np.ndarray, ndim: int, axis: int) -> torch.Tensor:
     shape = [1] * ndim
     shape[axis] = -1
     return t.reshape(shape)
+
+
+def integer_kind(graph, node) -> str | None:
+    """The node's quantization kind where the integer program computes it; None where it runs
+    in float (kept in float by the quantizer, or no integers of its own)."""
+    kind = get_op(node.op).quant_kind(node, graph)
+    out = graph.values[node.outputs[0]] if node.outputs and node.outputs[0] else None
+    if out is None or out.quant is None:
+        # an op whose own rule computes integers into unquantized outputs (NMS's int64 indices)
+        return kind if node.quant and hasattr(get_op(node.op), "integer_forward") else None
+    if kind not in ("passthrough", "concat") and not node.quant:
+        return None  # quantized around, but no integers of its own: runs in float
+    return kind
 
 
 def quantize_input(x: np.ndarray, p) -> np.ndarray:
@@ -142,14 +163,7 @@ class IntegerSimulator(ElementwiseKernels):
         return np.asarray(value.data)
 
     def _kind(self, node) -> str | None:
-        kind = get_op(node.op).quant_kind(node, self.graph)
-        out = self.graph.values[node.outputs[0]] if node.outputs and node.outputs[0] else None
-        if out is None or out.quant is None:
-            # an op whose own rule computes integers into unquantized outputs (NMS's int64 indices)
-            return kind if node.quant and hasattr(get_op(node.op), "integer_forward") else None
-        if kind not in ("passthrough", "concat") and not node.quant:
-            return None  # quantized around, but no integers of its own: runs in float
-        return kind
+        return integer_kind(self.graph, node)
 
     # -- run -----------------------------------------------------------------------------
     def run(self, feeds: dict, outputs: list[str] | None = None, dequantize: bool = True) -> dict:
@@ -173,10 +187,10 @@ class IntegerSimulator(ElementwiseKernels):
             p = self._q(name)
             if name in code_feeds:
                 env[name] = torch.from_numpy(np.ascontiguousarray(code_feeds[name]))
-            elif p is not None:
-                env[name] = torch.from_numpy(quantize_input(checked[name].numpy(), p))
             else:
-                env[name] = checked[name]
+                check_finite(checked[name], f"input '{name}'", "the integer simulator")
+                env[name] = torch.from_numpy(quantize_input(checked[name].numpy(), p)) if p is not None \
+                    else checked[name]
         last_use = last_uses(graph)
         keep = set(wanted)
         with torch.no_grad():
@@ -246,6 +260,9 @@ class IntegerSimulator(ElementwiseKernels):
             # kept in float (or shape arithmetic): float inputs, float outputs; a float output
             # with parameters is quantized where it is produced
             ys = get_op(node.op).forward(node, [self._as_float(i, env) for i in node.inputs])
+            for o, y in zip(node.outputs, ys):  # where float values are computed (and may become codes)
+                if o and y.dtype.is_floating_point:
+                    check_finite(y, f"node '{node.name}' ({node.op}) output '{o}'", "the integer simulator")
             return [torch.from_numpy(self._q(o).quantize(y.numpy())) if self._q(o) is not None and
                     y.dtype.is_floating_point else y for o, y in zip(node.outputs, ys)]
         handler = getattr(self, f"_{kind}", None)

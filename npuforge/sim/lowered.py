@@ -56,6 +56,7 @@ from onnx import TensorProto
 from ..errors import NpuforgeError, UnsupportedError
 from ..export.onnx_export import _nodes_of
 from ..ops.activation import FUSED_ATTRS
+from ..quant.params import check_finite
 from .float_exec import check_feeds
 from .int_ops import NP_INT, exact_float_dtype, max_abs_code
 from ..quant.requant import multiplier_value
@@ -432,6 +433,8 @@ class LoweredSimulator:
         ort_feeds = {}
         for name in g.inputs:
             p = g.values[name].quant
+            if name not in codes:
+                check_finite(checked[name], f"input '{name}'", "the integer simulator")
             q = codes[name] if name in codes else quantize_input(checked[name].numpy(), p)
             ort_feeds[name] = q if self.form == "qoperator" else q.astype(np.float32) - np.float32(int(p.zero_point))
         got = self.session.run(wanted, ort_feeds)
