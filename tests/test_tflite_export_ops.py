@@ -140,14 +140,23 @@ def test_fixed_output_grid_is_looked_up_through_a_reshape(fn, op):
 
 
 @pytest.mark.parametrize("seed", range(2))
-def test_prelu_as_relu_sub_mul_add(seed):
+def test_prelu_as_prelu(seed):
     rng = np.random.default_rng(seed)
     c, h, w = dims(rng, 3, 2)
     prelu = nn.PReLU(c)
     with torch.no_grad():
         prelu.weight.uniform_(-0.5, 0.5)
     _, model = assert_bit_exact(nn.Sequential(nn.Conv2d(3, c, 1), prelu), [(1, 3, h, w)], seed=seed)
-    assert op_names(model) == ["CONV_2D", "RELU", "SUB", "MUL", "ADD"]
+    assert op_names(model) == ["CONV_2D", "PRELU"]
+
+
+@pytest.mark.parametrize("shape,slopes", [((1, 6, 10), 6), ((1, 4, 5, 5), 1)])
+def test_prelu_on_a_signal_and_with_one_slope(shape, slopes):
+    prelu = nn.PReLU(slopes)
+    with torch.no_grad():
+        prelu.weight.uniform_(-0.5, 0.5)
+    _, model = assert_bit_exact(nn.Sequential(Lambda(lambda x: x * 1.5), prelu), [shape])
+    assert "PRELU" in op_names(model)
 
 
 @pytest.mark.parametrize("shape,normalized", [((1, 5, 16), (16,)), ((2, 4, 12), (4, 12)), ((1, 3, 7, 8), (8,))])

@@ -652,6 +652,22 @@ class _Exporter:
         lut = self.const(f"{node.name}::table", table, self.qp(y).dtype, self.quant(yp))
         self.op("GATHER", [lut, index], [self.activation(y)], "GatherOptions", version=2, Axis=0, BatchDims=0)
 
+    def prelu(self, node):
+        """PRelu with a constant slope: PRELU, whose int8 kernel (two requantizations, the alpha's codes
+        with their own scale) is npuforge's PRelu rule under TFLite's arithmetic (quant/prelu_rule.py);
+        the slope's codes broadcast in the file's layout."""
+        x, a = node.inputs
+        v = self.g.values[a]
+        if not v.is_const or v.quant is None or v.quant.per_channel or v.quant.dtype != "int8":
+            _refuse(node, "its slope is not a constant with one int8 scale (quantize with --target tflite)")
+        rank = len(self.dims(x))
+        codes = v.quant.quantize(v.data).astype(np.int64)
+        codes = codes.reshape((1,) * (rank - codes.ndim) + codes.shape)
+        if rank == 4:
+            codes = codes.transpose(_NCHW_TO_NHWC)
+        alpha = self.const(f"{node.name}::alpha", np.ascontiguousarray(codes), "int8", self.quant(v.quant))
+        self.op("PRELU", [self.activation(x), alpha], [self.activation(node.outputs[0])])
+
     def resize(self, node):
         """Nearest Resize: RESIZE_NEAREST_NEIGHBOR, with the one (align_corners, half_pixel_centers)
         whose source index of every output row and column equals the IR op's."""
@@ -695,7 +711,7 @@ class _Exporter:
     HANDLERS = {"Conv": conv, "ConvTranspose": conv_transpose, "Gemm": gemm, "MatMul": matmul, "Add": add, "Sub": add, "Mul": mul, "GlobalAveragePool": mean,
                 "ReduceMean": mean, "AveragePool": pool, "MaxPool": pool, "Flatten": reshape, "Reshape": reshape,
                 "Squeeze": reshape, "Unsqueeze": reshape, "Concat": concat, "Pad": pad, "Relu": activation_op,
-                "Clip": activation_op, "LeakyRelu": activation_op, "Sigmoid": activation_op, "Tanh": activation_op, "HardSwish": activation_op,
+                "Clip": activation_op, "LeakyRelu": activation_op, "PRelu": prelu, "Sigmoid": activation_op, "Tanh": activation_op, "HardSwish": activation_op,
                 "Resize": resize, "Softmax": softmax, "Transpose": transpose, "Slice": slice, "Split": split,
                 "Gather": lambda self, node: tensor_ops.gather(self, node),
                 "ReduceMax": lambda self, node: tensor_ops.reduce_select(self, node),

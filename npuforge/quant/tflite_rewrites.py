@@ -5,8 +5,6 @@ graph's every node is a TFLite builtin's integer program (and the simulator equa
 * A fused LeakyRelu: npuforge requantizes a Conv / Gemm's negative accumulators with a second
   multiplier; TFLite has no fused LeakyRelu. Split off again, the convolution gets its own
   output grid and the LeakyRelu becomes LiteRT's LEAKY_RELU (quant/tflite_tables.py).
-* PRelu (npuforge keeps it in float): ``Relu(x) + slope * (x - Relu(x))``, i.e. RELU, SUB,
-  MUL by the constant slope, ADD, the same function in float, each step requantized.
 * LayerNormalization / InstanceNormalization (npuforge's integer rule, an exact integer mean,
   variance and square root, is no TFLite program): ``d = x - mean(x)``,
   ``d * (mean(d * d) + eps) ^ -0.5 * scale + bias`` as MEAN, SUB, MUL, MEAN, ADD, a table of
@@ -88,19 +86,6 @@ def _replace(graph, rewrite) -> int:
     return count
 
 
-def _prelu(b: _Builder) -> bool:
-    node, g = b.node, b.g
-    if node.op != "PRelu" or not g.values[node.inputs[1]].is_const:
-        return False
-    x, slope = node.inputs
-    shape = g.values[x].shape
-    pos = b.op("Relu", [x], shape)
-    neg = b.op("Sub", [x, pos], shape)
-    scaled = b.op("Mul", [neg, slope], shape)
-    b.op("Add", [pos, scaled], shape, out=node.outputs[0])
-    return True
-
-
 def _normalization(b: _Builder) -> bool:
     """LayerNormalization (over the axes from ``axis`` on) and InstanceNormalization (over the
     spatial axes, per-channel scale and bias) with constant parameters."""
@@ -178,6 +163,6 @@ def _reduce_sum(b: _Builder) -> bool:
 
 
 def decompose_for_tflite(graph) -> dict:
-    """PRelu, the normalizations and ReduceSum as TFLite builtins' float functions, in place; -> counts."""
-    return {"PRelu": _replace(graph, _prelu), "normalizations": _replace(graph, _normalization),
+    """The normalizations and ReduceSum as TFLite builtins' float functions, in place; -> counts."""
+    return {"normalizations": _replace(graph, _normalization),
             "L2Normalize": _replace(graph, _l2_normalize), "ReduceSum": _replace(graph, _reduce_sum)}
