@@ -1,8 +1,8 @@
 """Random small CNNs as ONNX models, for the compiler's differential tests: conv stacks with
 stride, asymmetric padding, dilation and groups (depthwise included), fused activations,
 residual adds, channel concats, max / average pooling, bilinear resizes, lookup-table
-activations, a gated multiply, 1-D convolutions and pools over the map as a signal, and an optional
-classifier head."""
+activations, a gated multiply, 1-D convolutions and pools over the map as a signal, Split / Concat
+of channels, a Pad of its own, a LayerNorm over the rows, and an optional classifier head."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def random_model(draw, st, rng):
     for _ in range(draw(st.integers(1, 6))):
         # the last three have no NPU kernel on npu256: node commands on the host CPU between NPU layers
         kind = draw(st.sampled_from(["conv", "conv", "residual", "concat", "maxpool", "avgpool", "resize", "lut",
-                                     "gate", "transpose", "softmax", "scale", "signal"]))
+                                     "gate", "transpose", "softmax", "scale", "signal", "split", "pad", "norm"]))
         c, h, w = shape
         if kind == "conv" or (kind in ("maxpool", "avgpool") and min(h, w) < 3):
             x, shape = b.conv(x, shape, **conv_args(draw, st, shape))
@@ -130,6 +130,19 @@ def random_model(draw, st, rng):
                 c = cout
             y = b.node(draw(st.sampled_from(["MaxPool", "AveragePool"])), [y], kernel_shape=[3], pads=[1, 1])
             x, shape = b.node("Reshape", [y, b.const(np.array([1, c, h, w], np.int64))]), (c, h, w)
+        elif kind == "split" and c >= 2:  # channel halves swapped: Split (a slice each) and a Concat
+            k = draw(st.integers(1, c - 1))
+            first, second = f"{b.name('split')}_a", f"{b.name('split')}_b"
+            b.nodes.append(helper.make_node("Split", [x, b.const(np.array([k, c - k], np.int64))], [first, second],
+                                            name=first, axis=1))
+            x = b.node("Concat", [second, first], axis=1)
+        elif kind == "pad":  # zero padding of its own (not folded into a convolution: a Relu reads it)
+            p = [0, 0, draw(st.integers(0, 2)), draw(st.integers(0, 2)), 0, 0, draw(st.integers(0, 2)), 1]
+            x = b.node("Relu", [b.node("Pad", [x, b.const(np.array(p, np.int64))], mode="constant")])
+            shape = (c, h + p[2] + p[6], w + p[3] + p[7])
+        elif kind == "norm":  # a LayerNorm over the rows (W), a transformer's normalization
+            scale, bias = (rng.uniform(0.5, 1.5, w).astype(np.float32), rng.uniform(-0.2, 0.2, w).astype(np.float32))
+            x = b.node("LayerNormalization", [x, b.const(scale), b.const(bias)], axis=-1, epsilon=1e-5)
         else:  # gate: x * sigmoid(conv(x))
             y, _ = b.conv(x, shape, c, 1, 1, 1, 1, [0, 0, 0, 0], "")
             x = b.node("Mul", [x, b.node("Sigmoid", [y])])
