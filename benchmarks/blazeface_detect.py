@@ -8,7 +8,8 @@ tensor (uint8 activations) on --num-calib shared-sample photos, letterboxed as t
 sees them, once with NonMaxSuppression kept in float (int8 network, float post-processing)
 and once with integer NMS (end to end in integers), then with integer NMS and the box path
 (regressor convolutions to decoded boxes) in int16, as `npuforge quantize` does for a detector
-graph. Evaluate on the face photos (the
+graph, and last as `npuforge quantize --target tflite` does (int8 activations, TFLite's arithmetic,
+the box path in int16 where LiteRT's 16x8 kernels compute the same integers, float NMS). Evaluate on the face photos (the
 insightface 2.1 wheel's images and scikit-image's astronaut) and on the photos among the next
 --scan shared-sample photos where FP32 finds a face: COCO mAP@0.5 (and mAP@[.5:.95]) of each
 int8 detector with the FP32 detections as ground truth (pycocotools), on all of them and on the
@@ -90,11 +91,15 @@ def main() -> int:
         print(f"{'granularity':<13}{'NMS':<9}{'boxes':<7}{'mAP@0.5':>9}{'mAP':>8}{'face photos':>13}"
               f"{'int = fake-quant':>18}{'faces':>7}")
         variants = [(gr, nms, bits) for gr in ("per-channel", "per-tensor") for nms, bits in
-                    (("float", 8), ("integer", 8), ("integer", 16))]
+                    (("float", 8), ("integer", 8), ("integer", 16))] + [("per-channel", "float", "tflite")]
         for granularity, nms, bits in variants:
             keep = ["detect/NonMaxSuppression"] if nms == "float" else []
-            int16 = g.metadata["detector"]["int16"] if bits == 16 else []
-            q = npuforge.quantize(g, calib, {"granularity": granularity, "keep_float": keep, "int16": int16})
+            int16 = g.metadata["detector"]["int16"] if bits != 8 else []
+            # "tflite": quantize --target tflite (the box path in int16 where LiteRT's 16x8 kernels compute
+            # npuforge's integers, int8 elsewhere); NMS stays float, as TFLite has no integer NMS to export
+            target = {"target": "tflite"} if bits == "tflite" else {}
+            q = npuforge.quantize(g, calib, {"granularity": granularity, "keep_float": keep, "int16": int16,
+                                             **target}, log=lambda m: None)
             sim = IntegerSimulator(q)
             found, same = {}, 0
             for k, (x, box) in enumerate(feeds):
@@ -105,7 +110,7 @@ def main() -> int:
             dets = {k: (b, s, np.ones(len(b), np.int64)) for k, (b, s) in found.items()}
             m = coco_map(gt, dets)
             mf = coco_map(gt_faces, {k: dets[k] for k in face_ids})
-            print(f"{granularity:<13}{nms:<9}{bits:<7}{m['map50']:>9.3f}{m['map']:>8.3f}{mf['map50']:>13.3f}"
+            print(f"{granularity:<13}{nms:<9}{bits!s:<7}{m['map50']:>9.3f}{m['map']:>8.3f}{mf['map50']:>13.3f}"
                   f"{same:>11}/{len(feeds):<6}{sum(len(b) for b, _ in found.values()):>7}")
     return 0
 
