@@ -469,6 +469,13 @@ class _OnnxImporter:
             return None
         return np.asarray(info.value)
 
+    def known_scalar(self, name: str, at: str, what: str):
+        """The one-element value of ``name`` known at import (a condition, a trip count), or the refusal."""
+        value = self.known(name)
+        if value is None or value.size != 1:
+            raise self.undecided(at, what, name)
+        return value.reshape(-1)[0]
+
     def undecided(self, at: str, what: str, name: str) -> UnsupportedError:
         """A one-line refusal: ``what`` ('name') is not known at import, and the graph inputs it depends on."""
         values, sizes, seen, stack = [], [], set(), [(name, False)]
@@ -502,10 +509,7 @@ class _OnnxImporter:
         then_b, else_b = self.body(onode, "then_branch", at), self.body(onode, "else_branch", at)
         if len(onode.input) != 1 or not onode.input[0]:
             raise ModelFormatError(f"{at}: If takes one input (the condition), not {len(onode.input)}")
-        cond = self.known(onode.input[0])
-        if cond is None or cond.size != 1:
-            raise self.undecided(at, "its condition", onode.input[0])
-        taken = then_b if bool(cond.reshape(-1)[0]) else else_b
+        taken = then_b if bool(self.known_scalar(onode.input[0], at, "its condition")) else else_b
         self.decided.add(onode.input[0])
         self.inline(taken, node_name, {}, list(onode.output), at)
 
@@ -517,18 +521,8 @@ class _OnnxImporter:
         if len(body.input) != n_carried + 2 or len(body.output) < n_carried + 1:
             raise ModelFormatError(f"{at}: its body has {len(body.input)} inputs and {len(body.output)} outputs "
                                    f"for {n_carried} loop-carried values")
-        trips = None
-        if trip_name:
-            value = self.known(trip_name)
-            if value is None or value.size != 1:
-                raise self.undecided(at, "its trip count", trip_name)
-            trips = int(value.reshape(-1)[0])
-        cond = True
-        if cond_name:
-            value = self.known(cond_name)
-            if value is None or value.size != 1:
-                raise self.undecided(at, "its condition", cond_name)
-            cond = bool(value.reshape(-1)[0])
+        trips = int(self.known_scalar(trip_name, at, "its trip count")) if trip_name else None
+        cond = bool(self.known_scalar(cond_name, at, "its condition")) if cond_name else True
         self.decided.update(n for n in (trip_name, cond_name) if n)
         if trips is None and not cond_name:
             raise UnsupportedError(f"{at}: a Loop with neither a trip count nor a condition never ends")
