@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..errors import NpuforgeError
+
 QRANGES = {
     "int8": (-128, 127),
     "uint8": (0, 255),
@@ -128,8 +130,6 @@ def check_finite(t, what: str, engine: str) -> None:
     nan = int(np.isnan(arr).sum())
     inf = int(np.isinf(arr).sum())
     found = " and ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "infinite")) if n)
-    from ..errors import NpuforgeError
-
     fix = "fix the input data" if what.startswith("input") else \
         "fix the computation there (a divisor whose epsilon is below its grid's step becomes 0: keep the node " \
         "adding the epsilon in float, --keep-float NODE)"
