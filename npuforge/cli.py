@@ -205,6 +205,7 @@ def cmd_eval(args) -> int:
         from .detection.cli import eval_detection
 
         return eval_detection(args)
+    from .distributed import Distributed
     from .workflow import batch_size_for, check_input_size, forward_of, resolve_model, stderr_log, transform_of
     from .zoo.data import ImageDataset
     from .zoo.evaluate import evaluate_logits
@@ -252,23 +253,31 @@ def cmd_eval(args) -> int:
                                 f"(wnids, names); give --class-table FILE")
         table = ClassTable(tuple(ct["wnids"]), tuple(ct["names"]), source=args.model)
     dataset = ImageDataset(args.data, table, limit=args.limit, skip=args.skip)
+    dist = Distributed.from_env("cpu")  # under torchrun: each process a consecutive share of the images
+    dataset.samples = [dataset.samples[i] for i in dist.shard(len(dataset.samples))]
     if args.engine == "ort" and "quantization" in graph.metadata and not args.json:
         from .workflow import ORT_VNNI_NOTE, cpu_lacks_vnni
 
         if cpu_lacks_vnni() and not graph.metadata["quantization"]["config"].get("reduce_range"):
             stderr_log(ORT_VNNI_NOTE)
     result = evaluate_logits(forward, dataset, transform_of(graph.metadata["preprocess"], args.model),
-                             batch_size=args.batch_size, progress=not (args.quiet or args.json), name=args.model)
+                             batch_size=args.batch_size, progress=not (args.quiet or args.json) and dist.main,
+                             name=args.model, dist=dist)
+    dist.close()
+    if not dist.main:
+        return 0
     out = result.to_dict()
     out["engine"] = args.engine
     out["quantized"] = "quantization" in graph.metadata
+    out["processes"] = dist.world
     if args.json:
         print(json.dumps(out, indent=2))
     else:
         kind = "int8 (fake-quant)" if out["quantized"] and args.engine == "npuforge" else (
             "int8" if out["quantized"] else "float")
         print(f"{args.model} [{kind}, {args.engine}]: top-1 {result.top1:.2f}%  top-5 {result.top5:.2f}%  "
-              f"on {result.images} images ({result.images_per_s:.1f} images/s)"
+              f"on {result.images} images ({result.images_per_s:.1f} images/s"
+              f"{f' in {dist.world} processes' if dist.active else ''})"
               + (f", {result.skipped} unreadable skipped" if result.skipped else ""))
     return 0
 

@@ -2,6 +2,7 @@
 structure on a small network, QDQ export against ONNX Runtime, and bad inputs."""
 
 import filecmp
+import math
 
 import numpy as np
 import onnxruntime as ort
@@ -131,6 +132,51 @@ def test_histogram_grows_without_losing_counts():
     obs.update(torch.linspace(-10, 10, 1000))
     assert obs.hist.sum() == 2000 and obs.bound >= 10
     assert obs.range(255) == pytest.approx((-10, 10), rel=0.05)
+
+
+def _batches(seed: int) -> list:
+    """Batches whose ranges grow by small and by huge factors, with exact zeros, powers of two and tiny values."""
+    rng = np.random.default_rng(seed)
+    out = [torch.zeros(50)]
+    for scale in rng.choice([1e-9, 0.03, 0.5, 1.0, 4.0, 7.9, 1e3, 3e9], size=7):
+        x = torch.from_numpy((rng.standard_normal(400) * scale).astype(np.float32))
+        out.append(torch.cat([x, torch.tensor([float(scale), -2.0 ** int(rng.integers(-4, 4))])]))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("method", ["minmax", "mean", "percentile", "kl", "mse"])
+def test_observers_merged_from_shards_equal_one_observer_exactly(method, seed):
+    """What torchrun's sharded calibration relies on: every split of the batches into contiguous
+    shards, observed apart and merged in order, gives the same statistics bit for bit."""
+    batches = _batches(seed)
+    whole = make_observer(method, bins=256)
+    for b in batches:
+        whole.update(b)
+    for cut in (1, 3, len(batches) - 1):
+        shards = [make_observer(method, bins=256) for _ in range(2)]
+        for i, b in enumerate(batches):
+            shards[i >= cut].update(b)
+        shards[0].merge(shards[1])
+        assert shards[0].range(255) == whole.range(255)
+        if method not in ("minmax", "mean"):
+            assert shards[0].bound == whole.bound and np.array_equal(shards[0].hist, whole.hist)
+
+
+def test_histogram_bins_do_not_depend_on_the_range_a_value_was_first_binned_at():
+    x = torch.from_numpy(np.random.default_rng(1).standard_normal(5000).astype(np.float32))
+    late = HistogramObserver("percentile", bins=64)
+    late.update(torch.tensor([0.01]))
+    late.update(x)  # binned at the range x needs
+    early = HistogramObserver("percentile", bins=64)
+    early.update(x)
+    early.update(x[:1] * 0 + 1e6)  # 2^20 wider: x's bins merged into the centre
+    direct = HistogramObserver("percentile", bins=64)
+    direct.update(x[:1] * 0 + 1e6)
+    direct.update(x)
+    assert early.bound == direct.bound == 2.0 ** 20
+    assert np.array_equal(early.hist, direct.hist)
+    assert late.bound == 2.0 ** math.frexp(float(x.abs().max()))[1] and late.hist.sum() == 5001
 
 
 @pytest.mark.parametrize("method", ["percentile", "kl"])

@@ -147,3 +147,31 @@ def test_efficientnet_lite0_per_channel_accuracy_cost(imagenet_sample, capsys, t
     # The bound leaves that spread and still fails for per-tensor weights (drop 4.75 on the
     # AVX-512 machine, 5.75 in docs/benchmarks.md) or a broken quantizer.
     assert fp32["top1"] - int8["top1"] <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["minmax", "kl"])
+def test_torchrun_quantize_and_eval_equal_one_process(capsys, tiny_model, images, tmp_path, method):
+    """Two processes, each calibrating a consecutive share of the batches (3 batches of 2: 1 + 2) and
+    evaluating a share of the images, write the same bytes and count the same top-1 as one."""
+    from test_train import torchrun
+
+    one, two = tmp_path / "one" / "q.nfir", tmp_path / "two" / "q.nfir"
+    common = ["--calib", images, "--num-calib", 6, "--batch-size", 2, "--method", method]
+    code, _, _ = run(capsys, "quantize", tiny_model, *common, "-o", one, "--json")
+    assert code == 0
+    done = torchrun("-m", "npuforge", "quantize", str(tiny_model), *map(str, common), "-o", str(two), "--json",
+                    procs=2)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["processes"] == 2
+    for suffix in (".nfir", ".safetensors", ".onnx"):
+        assert one.with_suffix(suffix).read_bytes() == two.with_suffix(suffix).read_bytes(), suffix
+    code, stdout, _ = run(capsys, "eval", one, "--data", images, "--engine", "int", "--json")
+    alone = json.loads(stdout)
+    done = torchrun("-m", "npuforge", "eval", str(one), "--data", str(images), "--engine", "int", "--json",
+                    "--batch-size", "2", procs=2)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shared = json.loads(done.stdout)
+    assert shared["processes"] == 2 and alone["processes"] == 1
+    assert alone["images"] == 6
+    assert (shared["images"], shared["top1"], shared["top5"]) == (alone["images"], alone["top1"], alone["top5"])

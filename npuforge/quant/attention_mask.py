@@ -52,6 +52,9 @@ class KeptPositions:
         lo, hi = self.observer.range(levels)
         return min(lo, hi - SOFTMAX_SPAN), hi
 
+    def merge(self, other: "KeptPositions") -> None:
+        self.observer.merge(other.observer)
+
     def __getattr__(self, name):  # spread, histograms...: the wrapped observer's
         return getattr(self.observer, name)
 

@@ -105,16 +105,31 @@ def check_finite_weights(graph) -> None:
                                     f"holds {bad}; fix the model's weights (every weight and bias must be finite)")
 
 
+def merge_shards(shards: list) -> tuple[dict, int]:
+    """[(observers, images)] of consecutive shards of the batches -> the statistics of them all."""
+    observers, images = shards[0]
+    for more, count in shards[1:]:
+        for name, obs in observers.items():
+            obs.merge(more[name])
+            if getattr(obs, "spread", None) is not None:
+                obs.spread.merge(more[name].spread)
+        images += count
+    return observers, images
+
+
 def calibrate(graph, batches: Iterable, names: set, method: str, *, bins: int = 4096, percentile: float = 99.99,
               engine: str = "ort", progress=None, slices: dict | None = None,
-              masks: dict | None = None) -> tuple[dict, int, float]:
+              masks: dict | None = None, gather=None) -> tuple[dict, int, float]:
     """-> (observers by value name, images seen, seconds).
 
     ``engine``: who runs the float graph, "ort" (ONNX Runtime, fast) or
     "npuforge" (the float executor). ``slices`` ({value: (axes, centred)}, the
     normalizations' inputs) gives those observers a ``spread`` as well, the
     narrowest slice seen (npuforge/quant/norm_spread.py). ``masks`` ({Add output: (mask, dropped
-    positions)}, npuforge/quant/attention_mask.py): those observers see the kept positions only."""
+    positions)}, npuforge/quant/attention_mask.py): those observers see the kept positions only.
+    ``gather`` (one shard of the batches per process, ``torchrun``): ``gather(obj)`` -> every
+    process's ``obj`` in rank order; the shards' statistics are merged in that order, exactly
+    as one process that saw all the batches would have them."""
     check_finite_weights(graph)
     observers = {name: make_observer(method, bins, percentile) for name in names}
     track_spreads(observers, slices or {})
@@ -153,6 +168,8 @@ def calibrate(graph, batches: Iterable, names: set, method: str, *, bins: int = 
         batch_index += 1
         if progress is not None:
             progress(images)
+    if gather is not None:
+        observers, images = merge_shards(gather((observers, images)))
     if images == 0:
         raise NpuforgeError("calibration got no data; give at least one batch of images")
     return observers, images, time.perf_counter() - start

@@ -149,6 +149,7 @@ def cmd_quantize(args) -> int:
     from tqdm import tqdm
 
     from ..cli import parse_input_shapes
+    from ..distributed import Distributed
     from ..workflow import check_input_size, resolve_model, stderr_log, transform_of
     from ..zoo.data import ImageDataset, iter_batches
     from .quantize import quantize
@@ -184,18 +185,28 @@ def cmd_quantize(args) -> int:
             f"quantized in int16, as the detector records; --int16 NAMES chooses others")
     # calibration needs no labels (a detector's images have none); the target-drop climb evaluates on them
     dataset = ImageDataset(args.calib, args.class_table, labelled=args.target_drop is not None)
+    dist = Distributed.from_env("cpu")
+    if dist.active and (args.target_drop is not None or args.bias_correction or args.adaround):
+        option = "--target-drop" if args.target_drop is not None else (
+            "--bias-correction" if args.bias_correction else "--adaround")
+        raise NpuforgeError(f"{option} runs in one process (torchrun shards plain calibration only); run it "
+                            f"without torchrun")
     if args.target_drop is not None:
         return _climb(args, graph, dataset, config, out)
     if len(dataset) < args.num_calib:
         raise NpuforgeError(f"--calib {args.calib}: holds {len(dataset)} images but --num-calib is "
                             f"{args.num_calib}; lower --num-calib or add images")
-    dataset.samples = dataset.samples[:args.num_calib]
+    batch = graph.values[graph.inputs[0]].shape[0]  # a static batch (a TFLite model's 1) sets the batch size
+    batch = batch if isinstance(batch, int) else args.batch_size
+    # under torchrun each process calibrates a consecutive run of whole batches: the batches, and so the
+    # merged statistics, are one process's
+    mine = dist.shard(-(-args.num_calib // batch))
+    dataset.samples = dataset.samples[:args.num_calib][mine.start * batch:mine.stop * batch]
     transform = transform_of(graph.metadata["preprocess"])
     bar = tqdm(total=len(dataset), desc="calibrating", unit="img", file=sys.stderr,
-               disable=args.quiet or args.json, leave=False)
+               disable=args.quiet or args.json or not dist.main, leave=False)
     start = time.perf_counter()
-    batch = graph.values[graph.inputs[0]].shape[0]  # a static batch (a TFLite model's 1) sets the batch size
-    batches = (x for x, _, _ in iter_batches(dataset, transform, batch if isinstance(batch, int) else args.batch_size))
+    batches = (x for x, _, _ in iter_batches(dataset, transform, batch))
     bars = {}
 
     def layer_progress(step: str, done: int, total: int) -> None:
@@ -207,12 +218,17 @@ def cmd_quantize(args) -> int:
 
     try:
         qgraph = quantize(graph, batches, config, progress=lambda n: bar.update(n - bar.n), log=log,
-                          layer_progress=layer_progress)
+                          layer_progress=layer_progress, gather=dist.gather if dist.active else None)
     finally:
         for b in [bar, *bars.values()]:
             b.close()
     seconds = time.perf_counter() - start
+    skipped = int(sum(dist.sum([len(dataset.skipped)])))
+    if not dist.main:  # every process holds the same graph; the first writes and reports it
+        dist.close()
+        return 0
     write_quantized(qgraph, out)
+    dist.close()
     meta = qgraph.metadata["quantization"]
     kinds: dict[str, int] = {}
     for n in qgraph.nodes:
@@ -225,7 +241,7 @@ def cmd_quantize(args) -> int:
         "model": args.model, "output": str(out), "qdq_onnx": str(out.with_suffix(".onnx")),
         "weights": str(out.with_suffix(".safetensors")), "config": config.to_dict(),
         "calibration_images": meta["calibration_images"],
-        "skipped_images": len(dataset.skipped), "seconds": round(seconds, 2),
+        "skipped_images": skipped, "seconds": round(seconds, 2), "processes": dist.world,
         "quantized_nodes": meta["quantized_nodes"], "float_nodes": meta["float_nodes"],
         **{step: meta[step] for step in ("equalize", "adaround", "bias_correction", "ort_multipliers")
            if step in meta},
@@ -238,7 +254,8 @@ def cmd_quantize(args) -> int:
           f"({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))}), "
           f"{len(summary['float_nodes'])} kept in float")
     print(f"  {config.method} calibration on {summary['calibration_images']} images"
-          f"{f' ({len(dataset.skipped)} unreadable skipped)' if dataset.skipped else ''}, "
+          f"{f' ({skipped} unreadable skipped)' if skipped else ''}"
+          f"{f' in {dist.world} processes' if dist.active else ''}, "
           f"{config.granularity} weights, {config.activation_dtype} activations, {seconds:.1f} s")
     for step in ("equalize", "adaround", "bias_correction"):
         if step in meta:
@@ -246,6 +263,6 @@ def cmd_quantize(args) -> int:
     if "ort_multipliers" in meta:
         r = meta["ort_multipliers"]
         print(f"  multipliers ONNX Runtime's integer convolution reproduces (the simulator's fast path): "
-              f"{r['matched']} of {r['channels']} channels, {r['seconds']} s")
+              f"{r['matched']} of {r['channels']} channels")
     print(f"  wrote {out}, {out.with_suffix('.safetensors')}, {out.with_suffix('.onnx')} (QDQ)")
     return 0

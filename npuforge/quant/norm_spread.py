@@ -38,6 +38,9 @@ class SliceSpread:
         if spread.numel():
             self.smallest = min(self.smallest, float(spread.min()))
 
+    def merge(self, other: "SliceSpread") -> None:
+        self.smallest = min(self.smallest, other.smallest)
+
 
 def slices_of(graph, plan) -> dict:
     """{input value: (normalized axes, centred)} of every node quantized by the normalization rule."""

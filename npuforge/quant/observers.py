@@ -1,8 +1,11 @@
 """Observers: streaming range statistics of one tensor over calibration batches.
 
 Memory is bounded: min/max scalars, or one fixed-size histogram per tensor.
-The histogram spans a symmetric range [-R, R] that doubles (merging bin pairs
-exactly) when a batch exceeds it, so nothing is ever kept but the counts.
+The histogram spans a symmetric range [-R, R], R a power of two, that doubles
+(merging bin pairs exactly) when a batch exceeds it, so nothing is ever kept
+but the counts. Every observer ``merge``s another's statistics exactly: the
+shards of a calibration run in several processes (``torchrun``) give the same
+statistics as one process that saw their batches in rank order.
 
 Methods (activation ranges):
   minmax      overall min and max
@@ -43,23 +46,33 @@ class MinMaxObserver:
     def range(self, levels: int) -> tuple[float, float]:
         return self.lo, self.hi
 
+    def merge(self, other: "MinMaxObserver") -> None:
+        self.lo, self.hi = min(self.lo, other.lo), max(self.hi, other.hi)
+
 
 class MeanObserver:
+    """Each batch's min and max, kept (two floats a batch) so that the means add them in
+    batch order however the batches were split over processes."""
+
     def __init__(self):
-        self.lo_sum = self.hi_sum = 0.0
-        self.batches = 0
+        self.los, self.his = [], []
 
     def update(self, x: torch.Tensor) -> None:
         lo, hi = batch_range(x)
-        self.lo_sum += lo
-        self.hi_sum += hi
-        self.batches += 1
+        self.los.append(lo)
+        self.his.append(hi)
 
     def range(self, levels: int) -> tuple[float, float]:
-        return self.lo_sum / self.batches, self.hi_sum / self.batches
+        return sum(self.los) / len(self.los), sum(self.his) / len(self.his)
+
+    def merge(self, other: "MeanObserver") -> None:
+        """``other`` saw the batches after this one's."""
+        self.los += other.los
+        self.his += other.his
 
 
 HISTOGRAM_SAMPLE = 1 << 20
+MIN_BOUND = 2.0 ** -30  # the histogram's range when every value seen is 0
 
 
 def _sample(x: torch.Tensor) -> torch.Tensor:
@@ -80,32 +93,52 @@ class HistogramObserver:
             raise ValueError("bins must be a power of two >= 8")
         self.method, self.bins, self.percentile = method, bins, percentile
         self.hist = np.zeros(bins, np.float64)
-        self.bound = 0.0  # R: the histogram spans [-R, R]
+        self.bound = 0.0  # R, a power of two (0 before any data): the histogram spans [-R, R]
         self.lo, self.hi = np.inf, -np.inf
 
     def update(self, x: torch.Tensor) -> None:
         x = x.detach().reshape(-1).float()
         lo, hi = batch_range(x)
         self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
-        peak = max(-lo, hi)
+        self._cover(max(-lo, hi, MIN_BOUND))
+        # bin k holds [-R + k w, -R + (k + 1) w), w = 2R / bins; x * (bins / 2R) is exact (a power of
+        # two in float64), so a value's bin never depends on rounding: binned at R and merged by
+        # _grow, or binned at 2R directly, it lands in the same bin
+        scaled = torch.floor(_sample(x).double() * (self.bins / (2 * self.bound))).long() + self.bins // 2
+        self.hist += torch.bincount(scaled.clamp_(0, self.bins - 1), minlength=self.bins).double().numpy()
+
+    def _cover(self, peak: float) -> None:
+        """Grow the range to the least power of two > ``peak`` (no value on the top edge, whose
+        bin would change as the range grows)."""
+        bound = 2.0 ** math.frexp(peak)[1]  # peak = mantissa * 2^exponent, mantissa in [0.5, 1)
         if self.bound == 0.0:
-            self.bound = peak if peak > 0 else 1e-8
-        elif peak > self.bound:
-            self._grow(int(np.ceil(np.log2(peak / self.bound))))
-        self.hist += torch.histc(_sample(x), self.bins, -self.bound, self.bound).double().numpy()
+            self.bound = bound
+        elif bound > self.bound:
+            self._grow(round(math.log2(bound / self.bound)))
 
     def _grow(self, doublings: int) -> None:
-        """Widen the range by 2**doublings, merging 2**doublings old bins into one, centred."""
-        k = min(doublings, int(np.log2(self.bins)) - 1)
-        factor = 2 ** k
-        merged = self.hist.reshape(-1, factor).sum(axis=1)
-        self.hist = np.zeros(self.bins)
-        start = (self.bins - merged.size) // 2
-        self.hist[start:start + merged.size] = merged
+        """Widen the range by 2**doublings: bin k (offset f = k - bins/2 from the centre) moves to
+        bins/2 + floor(f / 2**doublings), exactly where its values fall at the new range."""
+        offsets = np.arange(self.bins) - self.bins // 2
+        moved = np.floor_divide(offsets, 2 ** min(doublings, 62)) + self.bins // 2
+        self.hist = np.bincount(moved, weights=self.hist, minlength=self.bins)
         self.bound *= 2.0 ** doublings
-        if doublings > k:  # rarely: everything lands in the two central bins
-            self.hist = np.zeros(self.bins)
-            self.hist[self.bins // 2 - 1:self.bins // 2 + 1] = merged.sum() / 2
+
+    def merge(self, other: "HistogramObserver") -> None:
+        if other.bound == 0.0:
+            return
+        if self.bound == 0.0:
+            self.bound, self.hist = other.bound, np.zeros(self.bins)
+        other_hist = other.hist
+        if other.bound < self.bound:
+            moved = HistogramObserver(self.method, self.bins, self.percentile)
+            moved.bound, moved.hist = other.bound, other.hist.copy()
+            moved._grow(round(math.log2(self.bound / other.bound)))
+            other_hist = moved.hist
+        elif other.bound > self.bound:
+            self._grow(round(math.log2(other.bound / self.bound)))
+        self.hist = self.hist + other_hist
+        self.lo, self.hi = min(self.lo, other.lo), max(self.hi, other.hi)
 
     # -- range selection ----------------------------------------------------------
     def range(self, levels: int) -> tuple[float, float]:
@@ -147,7 +180,7 @@ class HistogramObserver:
             p = sliced.copy()
             p[-1] += hist[t:].sum()  # the reference keeps the clipped mass in its last bin
             nonzero = p > 0
-            if not nonzero.any():
+            if not nonzero.any() or not sliced.any():  # (all the mass beyond t: no candidate to compare)
                 return np.inf
             # the candidate: t bins merged into q_levels groups (without the clipped
             # mass), each group's mass spread evenly over its non-empty bins

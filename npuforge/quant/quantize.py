@@ -445,10 +445,11 @@ def _step(steps: dict, name: str, layer_progress, fn, *args, **kwargs) -> None:
     steps[name]["seconds"] = round(time.perf_counter() - start, 2)
 
 
-def calibrated_plan(graph, data, config: QuantConfig, *, progress=None, log=None):
+def calibrated_plan(graph, data, config: QuantConfig, *, progress=None, log=None, gather=None):
     """(plan, observers, calibration images, seconds): what to quantize and the calibrated
     ranges, the inputs of :func:`apply_parameters` (QAT re-applies them as weights change).
-    ``make_plan`` may give shared constants a copy per reader: ``graph`` changes in place."""
+    ``make_plan`` may give shared constants a copy per reader: ``graph`` changes in place.
+    ``gather``: ``data`` is this process's shard (:func:`~npuforge.quant.calibrate.calibrate`)."""
     plan = make_plan(graph, config)
     for node, reason in plan.kept_float:
         msg = f"node '{node.name}' ({node.op}) kept in float: {reason}"
@@ -456,27 +457,31 @@ def calibrated_plan(graph, data, config: QuantConfig, *, progress=None, log=None
     masks = additive_masks(graph, plan.activations)
     observers, images, seconds = calibrate(graph, data, plan.activations, config.method, bins=config.bins,
                                            percentile=config.percentile, engine=config.calibration_engine,
-                                           progress=progress, slices=slices_of(graph, plan), masks=masks)
+                                           progress=progress, slices=slices_of(graph, plan), masks=masks,
+                                           gather=gather)
     finite_masks(graph, masks, observers, _levels(config.activation_dtype, config.symmetric))
     return plan, observers, images, seconds
 
 
 def record(graph, config: QuantConfig, plan: Plan, images: int, seconds: float, wide_concats: list,
            steps: dict) -> None:
-    """The quantization record in ``graph.metadata`` (what eval, analyze and the exports report)."""
+    """The quantization record in ``graph.metadata`` (what eval, analyze and the exports report). It
+    holds no time taken: the same model, data and options give the same bytes, in one process or
+    sharded over several."""
     graph.metadata["quantization"] = {
         "config": config.to_dict(),
         "calibration_images": images,
-        "calibration_seconds": round(seconds, 3),
         "quantized_nodes": len(plan.kinds),
         "float_nodes": [n.name for n, _ in plan.kept_float],
         "int16_concats": [m.to_dict() for m in wide_concats],
         "int16_norms": [m.to_dict() for m in plan.narrow_norms],
-        **{step: {k: v for k, v in report.items() if not isinstance(v, list)} for step, report in steps.items()},
+        **{step: {k: v for k, v in report.items() if not isinstance(v, list) and k != "seconds"}
+           for step, report in steps.items()},
     }
 
 
-def quantize(model, data, config=None, *, optimize: bool = True, progress=None, log=None, layer_progress=None):
+def quantize(model, data, config=None, *, optimize: bool = True, progress=None, log=None, layer_progress=None,
+             gather=None):
     """Calibrate on ``data`` (an iterable of input batches, arrays or {name: array})
     and quantize: ``model`` (Graph or path) -> a new quantized Graph.
 
@@ -485,6 +490,9 @@ def quantize(model, data, config=None, *, optimize: bool = True, progress=None, 
     ``config``: a QuantConfig or a dict of its fields. ``progress(images)`` is
     called after each calibration batch, ``layer_progress(step, done, total)`` after each layer
     of AdaRound and bias correction; ``log(message)`` receives warnings (default: warnings.warn).
+    ``gather`` (one process of several, each given a consecutive shard of the batches as ``data``):
+    ``gather(obj)`` -> every process's ``obj`` in rank order; each process then returns the graph
+    one process given every batch would.
     """
     graph = _as_graph(model, optimize)
     config = config if isinstance(config, QuantConfig) else QuantConfig.from_dict(dict(config or {}))
@@ -495,8 +503,11 @@ def quantize(model, data, config=None, *, optimize: bool = True, progress=None, 
     if config.equalize:
         _step(steps, "equalize", None, equalize, graph)
     if config.bias_correction or config.adaround:
+        if gather is not None:
+            raise NpuforgeError("bias correction and AdaRound run layer by layer on every calibration image in one "
+                                "process; run them without torchrun")
         data = [as_feeds(graph, batch) for batch in data]  # read again after calibration
-    plan, observers, images, seconds = calibrated_plan(graph, data, config, progress=progress, log=log)
+    plan, observers, images, seconds = calibrated_plan(graph, data, config, progress=progress, log=log, gather=gather)
     wide_concats = apply_parameters(graph, plan, observers, config, log)
     compute = {name for name, kind in plan.kinds.items() if kind == "compute"}
     if config.adaround:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from ..errors import NpuforgeError
 from . import checkpoint as ckpt
 from .data import BatchPlan, SampleSet, TrainTransform, collate, eval_batches, rng_for, split_samples
-from .distributed import Distributed
+from ..distributed import Distributed
 from .freezing import freeze_batchnorm, train_last_layers
 
 OPTIMIZERS = ("sgd", "adamw")

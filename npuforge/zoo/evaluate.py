@@ -38,9 +38,13 @@ def _progress(total: int, desc: str, enabled: bool):
 
 
 def evaluate_logits(forward, dataset: ImageDataset, transform, *, batch_size: int = 32, workers: int = 2,
-                    progress: bool = True, name: str = "model") -> EvalResult:
+                    progress: bool = True, name: str = "model", dist=None) -> EvalResult:
     """Top-1 / top-5 accuracy (percent) of ``forward`` (float32 NCHW batch -> [N, classes]
-    logits, any engine) over ``dataset``; corrupt images are skipped and counted."""
+    logits, any engine) over ``dataset``; corrupt images are skipped and counted.
+
+    ``dist`` (:class:`~npuforge.distributed.Distributed`, under torchrun): ``dataset`` is this
+    process's share; the counts are summed over the processes (exact integers), so every process
+    returns the result of the whole set."""
     correct1 = correct5 = seen = 0
     start = time.perf_counter()
     bar = _progress(len(dataset), f"eval {name}", progress)
@@ -64,13 +68,19 @@ def evaluate_logits(forward, dataset: ImageDataset, transform, *, batch_size: in
     finally:
         bar.close()
     seconds = time.perf_counter() - start
+    skipped = [f"{p}: {why}" for p, why in dataset.skipped]
+    total = len(dataset)
+    if dist is not None and dist.active:
+        shares = dist.gather((correct1, correct5, seen, total, skipped, seconds))
+        correct1, correct5, seen, total = (sum(share[k] for share in shares) for k in range(4))
+        skipped = [line for share in shares for line in share[4]]
+        seconds = max(share[5] for share in shares)
     if seen == 0:
-        raise NpuforgeError(f"{dataset.root}: none of the {len(dataset)} images could be read "
-                            f"({len(dataset.skipped)} corrupt); check the files")
+        raise NpuforgeError(f"{dataset.root}: none of the {total} images could be read "
+                            f"({len(skipped)} corrupt); check the files")
     return EvalResult(model=name, data=str(dataset.root), images=seen, top1=100.0 * correct1 / seen,
-                      top5=100.0 * correct5 / seen, skipped=len(dataset.skipped), seconds=seconds,
-                      images_per_s=seen / seconds if seconds > 0 else float("inf"),
-                      skipped_files=[f"{p}: {why}" for p, why in dataset.skipped])
+                      top5=100.0 * correct5 / seen, skipped=len(skipped), seconds=seconds,
+                      images_per_s=seen / seconds if seconds > 0 else float("inf"), skipped_files=skipped)
 
 
 @torch.no_grad()

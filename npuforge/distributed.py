@@ -1,5 +1,7 @@
-"""One process or many: ``torchrun --nproc_per_node N -m npuforge zoo train ...`` sets
-RANK / WORLD_SIZE / LOCAL_RANK; gloo on CPU, nccl on CUDA."""
+"""One process or many: ``torchrun --nproc_per_node N -m npuforge zoo train | eval | quantize ...``
+sets RANK / WORLD_SIZE / LOCAL_RANK; gloo on CPU, nccl on CUDA. Training shards its batches,
+evaluation its images, calibration its batches (consecutive runs of them, so the merged
+statistics are those of one process: :func:`npuforge.quant.calibrate.merge_shards`)."""
 
 from __future__ import annotations
 
@@ -43,6 +45,18 @@ class Distributed:
         if self.active:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t.tolist()
+
+    def gather(self, obj) -> list:
+        """Every process's ``obj`` (picklable), in rank order."""
+        if not self.active:
+            return [obj]
+        out = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def shard(self, n: int) -> range:
+        """This process's consecutive share of ``n`` items (shares differ by at most one)."""
+        return range(self.rank * n // self.world, (self.rank + 1) * n // self.world)
 
     def barrier(self) -> None:
         if self.active:
