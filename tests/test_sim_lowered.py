@@ -296,8 +296,8 @@ def quantized_graph(module, example, seed=351, config=None, dynamic_batch=True):
 
 
 def int16_graph():
-    """A quantized graph with an int16 Gemm output, which has no lowering: its
-    requantization to 65536 levels is beyond the proof's step count."""
+    """A quantized graph with an int16 Gemm output: its requantization to 65536 levels is
+    beyond the float formulas' proof."""
     return quantized_graph(torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4)),
                            (2, 8), config={"int16": ["/0/Gemm"]})
 
@@ -408,13 +408,94 @@ def test_softmax_lowered_in_int64(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_a_node_with_no_lowering_falls_back_by_name(mode):
+def test_a_requantization_no_float_formula_reproduces_runs_in_int64_or_falls_back_by_name(mode):
+    """An int16 Gemm output: 65536 levels are beyond the float formulas' proof, so the fixed-point
+    modes run its requantization step for step in int64; the onnx mode's rule is float
+    arithmetic, which has no int64 form, and falls back to the plain path, by name."""
     g, x = int16_graph()
-    with pytest.raises(UnsupportedError, match="node '/0/Gemm' \\(Gemm\\)"):
-        LoweredSimulator(g, mode)
-    assert isinstance(make_simulator(g, mode), IntegerSimulator)
-    with pytest.raises(UnsupportedError):
-        make_simulator(g, mode, engine="ort")
+    if mode == "onnx":
+        with pytest.raises(UnsupportedError, match="node '/0/Gemm' \\(Gemm\\)"):
+            LoweredSimulator(g, mode)
+        assert isinstance(make_simulator(g, mode), IntegerSimulator)
+        with pytest.raises(UnsupportedError):
+            make_simulator(g, mode, engine="ort")
+        return
+    low = make_simulator(g, mode, engine="ort")
+    assert low.form == "float" and low.lowering["/0/Gemm"] == "int64 fixed-point (no float formula proven)"
+    for k in (1, 4, 30):  # 30: most outputs clamped
+        feeds = {g.inputs[0]: x * k}
+        want, got = IntegerSimulator(g, mode).run(feeds, dequantize=False), low.run(feeds, dequantize=False)
+        assert all(np.array_equal(got[n], want[n]) for n in g.outputs)
+
+
+class WideElementwise(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 6), torch.nn.Linear(8, 6)
+
+    def forward(self, x):
+        a, b = self.a(x), self.b(x)
+        return a + b, a * b, a - b, a * 0.37 + 0.5, a * a
+
+
+@pytest.mark.parametrize("tflite", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+def test_int16_add_sub_mul_lowered_in_int64(mode, tflite):
+    """Add / Sub / Mul with an int16 operand (the values of one Gemm kept in int16): no table of
+    every pair of codes, so the fixed-point rules (npuforge's Add, or TFLite's ADD with
+    tflite_multipliers) run step for step in int64; onnx falls back."""
+    g, x = quantized_graph(WideElementwise(), (2, 8), config={"int16": ["/a/Gemm"], "tflite_multipliers": tflite})
+    assert ("multiplierout" in next(n for n in g.nodes if n.name == "/Add").quant) == tflite
+    if mode == "onnx":
+        with pytest.raises(UnsupportedError, match="wider than 8 bits|QLinearAdd|no float formula"):
+            LoweredSimulator(g, mode)
+        return
+    low = make_simulator(g, mode, engine="ort")
+    assert sum(how.startswith("int64 fixed-point") for how in low.lowering.values()) >= 5, low.lowering
+    info, rng = np.iinfo(x.dtype), np.random.default_rng(5)
+    for codes in (x, rng.integers(info.min, info.max + 1, (64, 8)).astype(x.dtype)):  # every code's reach
+        feeds = {g.inputs[0]: codes}
+        want, got = IntegerSimulator(g, mode).run(feeds, dequantize=False), low.run(feeds, dequantize=False)
+        assert all(np.array_equal(got[n], want[n]) for n in g.outputs)
+
+
+@pytest.mark.parametrize("single", [False, True])
+def test_int64_requantization_equals_the_plain_rules_on_extreme_accumulators(single):
+    """lowered_int64.requantize against int_ops.requantize_fixedpoint / requantize_single on
+    accumulators at and beyond int32's ends, per channel: left shifts (saturating), no shift, and
+    right shifts of 1 to 31 bits (rounding half away from zero, the negative side included)."""
+    import onnxruntime as ort
+    from onnx import helper, TensorProto
+
+    from npuforge.sim import lowered_int64
+    from npuforge.sim.int_ops import requantize_fixedpoint, requantize_single
+    from npuforge.sim.lowering_base import LoweringBuilder
+
+    rng = np.random.default_rng(7)
+    shifts = np.arange(-31, 1 if single else 5, dtype=np.int64)
+    mult = rng.integers(1 << 30, 1 << 31, shifts.size, dtype=np.int64)
+    mult[:3] = [(1 << 31) - 1, 1 << 30, 1]
+    edges = np.array([-(2**31) - 5, -(2**31), -(2**31) + 1, -(2**30) - 1, -(2**30), -1, 0, 1, 2**30, 2**31 - 1,
+                      2**31 + 7], np.int64)
+    acc = np.concatenate([np.broadcast_to(edges[:, None], (edges.size, shifts.size)),
+                          rng.integers(-(2**33), 2**33, (500, shifts.size)),
+                          rng.integers(-(2**12), 2**12, (500, shifts.size))]).astype(np.int64)
+
+    class Builder(LoweringBuilder):
+        def __init__(self):  # no graph: the emitter only needs emit and const
+            self.nodes, self.inits, self._consts = [], [], set()
+
+    b = Builder()
+    out = lowered_int64.requantize(b, "acc", mult, shifts, single, [1, -1], "rq")
+    model = helper.make_model(helper.make_graph(
+        b.nodes, "rq", [helper.make_tensor_value_info("acc", TensorProto.INT64, list(acc.shape))],
+        [helper.make_tensor_value_info(out, TensorProto.INT64, list(acc.shape))], b.inits),
+        opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"acc": acc})[0]
+    rule = requantize_single if single else requantize_fixedpoint
+    want = rule(torch.from_numpy(acc), torch.from_numpy(mult)[None], torch.from_numpy(shifts)[None]).numpy()
+    assert np.array_equal(got, want)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -508,12 +589,12 @@ def test_cli_sim_engine(tmp_path, capsys):
         outs[engine] = np.load(out)["y"]
     np.testing.assert_array_equal(outs["auto"], outs["plain"])
     np.testing.assert_array_equal(outs["ort"], outs["plain"])
-    g, x = int16_graph()  # a node with no lowering
+    g, x = int16_graph()  # a node with no lowering in the onnx rounding
     npuforge.save(g, tmp_path / "p.nfir")
     np.save(tmp_path / "xp.npy", x)
     capsys.readouterr()
     assert main(["run", str(tmp_path / "p.nfir"), "--input", str(tmp_path / "xp.npy"), "--mode", "int",
-                 "--sim-engine", "ort"]) == 2
+                 "--rounding", "onnx", "--sim-engine", "ort"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "node '/0/Gemm' (Gemm)" in err[0] and "Traceback" not in err[0]
 

@@ -206,10 +206,29 @@ class _Builder(TableLowerings, LoweringBuilder):
         if node.attrs.get("activation") == "LeakyRelu":
             self.report[node.name] = self._leaky(node, prep, acc, offset, a, b, lo_c, hi_c, shape, acc_dtype)
             return
-        formula = proven_formula(plain, node, prep, offset, a, b, lo_c, hi_c, acc_dtype)
-        if formula is None:
+        self.report[node.name] = self._requantize(node, prep, acc, offset, a, b, lo_c, hi_c, shape, acc_dtype)
+
+    def _requantize(self, node, prep, acc: str, offset, a, b, lo_c, hi_c, shape, acc_dtype, part=None) -> str:
+        """The requantization of ``acc + offset`` into the node's output (``part``'s, a copy of the
+        node that names part of its output, if given): the cheapest float formula proven equal to
+        it, else the fixed-point steps themselves in int64."""
+        formula = proven_formula(self.plain, node, prep, offset, a, b, lo_c, hi_c, acc_dtype)
+        part = part or node
+        if formula is not None:
+            return self._formula(part, formula, acc, lo_c, hi_c, shape, acc_double=acc_dtype is np.float64)
+        if self.plain.rounding == "onnx":
             self.refuse(node, "no float formula proven equal to its requantization")
-        self.report[node.name] = self._formula(node, formula, acc, lo_c, hi_c, shape, acc_double=wide)
+        channels = len(a)
+        pre = f"{part.name}::rq"
+        acc64 = self.emit("Cast", [acc], f"{pre}::acc64i", to=TensorProto.INT64)
+        if offset.any():
+            acc64 = self.emit("Add", [acc64, self.const(f"{pre}::offset", offset.astype(np.int64).reshape(shape))],
+                              f"{pre}::biased64")
+        single = self.plain.rounding == "single" or "single_rounding" in node.quant
+        q64 = int64_rules.requantize(self, acc64, np.broadcast_to(prep["M"], (channels,)),
+                                     np.broadcast_to(prep["S"], (channels,)), single, shape, pre)
+        self._clamp(part, self.emit("Cast", [q64], f"{pre}::q32", to=TensorProto.FLOAT), lo_c, hi_c, shape)
+        return "int64 fixed-point (no float formula proven)"
 
     def _leaky(self, node, prep, acc, offset, a, b, lo_c, hi_c, shape, acc_dtype) -> str:
         """A fused LeakyRelu: negative accumulators (bias included) take the derived
@@ -220,11 +239,8 @@ class _Builder(TableLowerings, LoweringBuilder):
                                                                          np.minimum(b, -1))}
         outs, how = {}, []
         for side, (p, lo_acc, hi_acc) in sides.items():
-            formula = proven_formula(self.plain, node, p, offset, lo_acc, hi_acc, lo_c, hi_c, acc_dtype)
-            if formula is None:
-                self.refuse(node, f"no float formula proven equal to its requantization ({side}itive side)")
             part = dataclasses.replace(node, name=f"{node.name}::{side}", outputs=[f"{node.outputs[0]}::{side}"])
-            how.append(self._formula(part, formula, acc, lo_c, hi_c, shape, acc_double=acc_dtype is np.float64))
+            how.append(self._requantize(node, p, acc, offset, lo_acc, hi_acc, lo_c, hi_c, shape, acc_dtype, part))
             outs[side] = part.outputs[0]
         threshold = self.const(f"{node.name}::negative_below", (-offset).astype(acc_dtype).reshape(shape))
         below = self.emit("Less", [acc, threshold], f"{node.name}::negative")

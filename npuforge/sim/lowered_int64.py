@@ -2,7 +2,9 @@
 programs rather than one requantization: Softmax (npuforge/quant/softmax_rule.py)
 and LayerNormalization / InstanceNormalization / L2Normalize (npuforge/quant/layernorm_rule.py),
 written in ONNX Runtime's int64 arithmetic, step for step as the plain simulator
-computes them. Every step is exact: int64 products stay below 2^62 by the rules'
+computes them; the fixed-point requantization itself (:func:`requantize`), for the
+channels no float formula is proven equal to; and Add / Sub / Mul of operands too wide
+for a table of every pair of codes (:func:`elementwise`: int16). Every step is exact: int64 products stay below 2^62 by the rules'
 own bounds, ``Div`` of non-negative int64 values is floor division, a floor
 division by 2^t of a signed value is ``(a - Mod(a, 2^t)) / 2^t``, and the integer
 square root is a float64 estimate corrected by one step each way.
@@ -18,6 +20,8 @@ import numpy as np
 from onnx import TensorProto
 
 from ..quant import layernorm_rule
+from ..quant.requant import extra_bits
+from .int_ops import max_abs_code
 
 
 def _int64(builder, name: str, value) -> str:
@@ -97,6 +101,91 @@ def layernorm(builder, node) -> str:
                                   _int64(builder, f"{pre}::half", 1 << (t - 1))], f"{pre}::rounded")
     _store(builder, node, _floor_div(builder, biased, _int64(builder, f"{pre}::2t", 1 << t), f"{pre}::q64"))
     return "int64 normalization"
+
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def requantize(builder, acc64: str, multiplier, shift, single: bool, shape, pre: str) -> str:
+    """The fixed-point requantization of int64 accumulators ``acc64`` (channels on the axis
+    ``shape`` puts -1 on), as :func:`~npuforge.sim.int_ops.requantize_fixedpoint` (``single``:
+    :func:`~npuforge.sim.int_ops.requantize_single`) computes it, in the same int64 steps;
+    ``multiplier`` and ``shift`` are int64 arrays [C] -> int64 codes less the zero point,
+    before the clamp."""
+    multiplier, shift = np.asarray(multiplier, np.int64), np.asarray(shift, np.int64)
+    k = lambda tag, arr: builder.const(f"{pre}::{tag}", np.asarray(arr, np.int64).reshape(shape))  # noqa: E731
+    lo, hi = _int64(builder, "int32_min64", INT32_MIN), _int64(builder, "int32_max64", INT32_MAX)
+    x = builder.emit("Clip", [acc64, lo, hi], f"{pre}::sat")
+    if single:
+        total = 31 - shift
+        t = builder.emit("Mul", [x, k("m", multiplier)], f"{pre}::t")
+        return _floor_div(builder, builder.emit("Add", [t, k("half", 1 << (total - 1))], f"{pre}::rounded"),
+                          k("div", 1 << total), f"{pre}::q64")
+    if (shift > 0).any():
+        x = builder.emit("Clip", [builder.emit("Mul", [x, k("up", 1 << np.maximum(shift, 0))], f"{pre}::x_up"), lo, hi],
+                         f"{pre}::sat_up")
+    e = np.maximum(-shift, 0)
+    pos = (e > 0).astype(np.int64)
+    t = builder.emit("Mul", [x, k("m", multiplier)], f"{pre}::t")
+    total = builder.emit("Add", [t, k("c", (1 << 30) + pos * (1 << (30 + e)))], f"{pre}::tc")
+    if pos.any():  # RoundingDivideByPOT rounds half away from zero: one less below -2^30
+        below = builder.emit("Cast", [builder.emit("Less", [t, _int64(builder, "minus_2_30", -(1 << 30))],
+                                                   f"{pre}::neg")], f"{pre}::neg64", to=TensorProto.INT64)
+        total = builder.emit("Sub", [total, builder.emit("Mul", [below, k("pos31", pos << 31)], f"{pre}::negc")],
+                             f"{pre}::tcn")
+    return _floor_div(builder, total, k("div", 1 << (31 + e)), f"{pre}::q64")
+
+
+def elementwise(builder, node) -> str:
+    """Add / Sub / Mul in the fixed-point modes, as the plain simulator's ``_elementwise``
+    computes them (npuforge's two-multiplier Add, TFLite's three-multiplier ADD, Mul's one
+    requantization of the product), on int64 copies of ``q - zp``."""
+    plain, pre = builder.plain, node.name
+    if plain.rounding == "onnx":
+        builder.refuse(node, "ONNX Runtime's QLinearAdd / QLinearMul arithmetic is float, with no int64 form")
+    if node.op not in ("Add", "Sub", "Mul"):
+        builder.refuse(node, f"no integer rule for elementwise {node.op}")
+    xs = []
+    for k, name in enumerate(node.inputs[:2]):
+        q = builder.activation(node, name) if f"input{k}" not in node.quant else plain._q(name)
+        if f"input{k}" in node.quant:  # a constant operand: its codes
+            xs.append(_int64(builder, f"{pre}::c{k}", plain._int(node, f"input{k}").astype(np.int64)
+                             - int(q.zero_point)))
+        else:
+            xs.append(builder.emit("Cast", [name], f"{pre}::x{k}", to=TensorProto.INT64))
+    builder.activation(node, node.outputs[0])
+    single = plain.rounding == "single"
+    one = [1]
+
+    def rescale(x: str, m: str, s: str, tag: str) -> str:
+        return requantize(builder, x, [int(plain._int(node, m)[0])], [int(plain._int(node, s)[0])], single, one,
+                          f"{pre}::{tag}")
+
+    if node.op == "Mul":
+        y = rescale(builder.emit("Mul", xs, f"{pre}::prod"), "multiplier", "shift", "rq")
+        _store(builder, node, y)
+        return "int64 fixed-point Mul"
+    if "multiplierout" in node.quant:  # TFLite's ADD / SUB
+        bits = int(plain._int(node, "left_shift"))
+    else:
+        qs = [plain._q(name) for name in node.inputs[:2]]
+        bits = min(extra_bits(max_abs_code(qs[k]), int(plain._int(node, f"shift{k}")[0])) for k in range(2))
+    up = _int64(builder, f"{pre}::2bits", 1 << bits)
+    ts = [rescale(builder.emit("Mul", [x, up], f"{pre}::x{k}_up"), f"multiplier{k}", f"shift{k}", f"rq{k}")
+          for k, x in enumerate(xs)]
+    total = builder.emit("Add" if node.op == "Add" else "Sub", ts, f"{pre}::total")
+    if "multiplierout" in node.quant:
+        y = rescale(total, "multiplierout", "shiftout", "rq_out")
+    elif bits:  # RoundingDivideByPOT: half away from zero
+        below = builder.emit("Cast", [builder.emit("Less", [total, _int64(builder, "int64_zero", 0)], f"{pre}::neg")],
+                             f"{pre}::neg64", to=TensorProto.INT64)
+        rounded = builder.emit("Sub", [builder.emit("Add", [total, _int64(builder, f"{pre}::half", 1 << (bits - 1))],
+                                                    f"{pre}::half_up"), below], f"{pre}::rounded")
+        y = _floor_div(builder, rounded, up, f"{pre}::q64")
+    else:
+        y = total
+    _store(builder, node, y)
+    return f"int64 fixed-point {node.op}"
 
 
 def _floor_div(builder, x: str, power: str, out: str) -> str:

@@ -16,6 +16,7 @@ import torch
 from onnx import TensorProto
 
 from ..ops.registry import get_op
+from . import lowered_int64 as int64_rules
 from .int_ops import NP_INT
 
 MAX_TABLE = 1 << 22  # entries of a pooling table (sums of at most 16 K int8 values)
@@ -39,8 +40,9 @@ class TableLowerings:
             return self._elementwise_unary(node, 1 - consts[0] if consts else 0)
         qs = [self.activation(node, n) for n in names]
         yq = self.activation(node, node.outputs[0])
-        if any(q.dtype not in ("int8", "uint8") for q in qs):
-            self.refuse(node, "operands wider than 8 bits")
+        if any(q.dtype not in ("int8", "uint8") for q in qs):  # no table of every pair
+            self.report[node.name] = int64_rules.elementwise(self, node)
+            return
         codes = [np.arange(q.qmin, q.qmax + 1).astype(NP_INT[q.dtype]) for q in qs]
         env = {names[0]: torch.from_numpy(codes[0])[:, None], names[1]: torch.from_numpy(codes[1])[None, :]}
         table = self.plain._elementwise(node, env)[0].numpy().astype(np.int64) - int(yq.zero_point)
@@ -60,7 +62,8 @@ class TableLowerings:
         name = node.inputs[k]
         q, yq = self.activation(node, name), self.activation(node, node.outputs[0])
         if q.dtype not in ("int8", "uint8"):
-            self.refuse(node, "operands wider than 8 bits")
+            self.report[node.name] = int64_rules.elementwise(self, node)
+            return
         role = f"input{1 - k}"
         cshape = tuple(np.asarray(self.plain._int(node, role)).shape) if role in node.quant else ()
         levels = q.qmax - q.qmin + 1

@@ -37,7 +37,7 @@ from onnx import TensorProto
 from ..export.onnx_export import _nodes_of
 from ..ops.activation import FUSED_ATTRS
 from ..quant.requant import multiplier_value
-from .lowered import _Builder, channel_subset, proven_formula, requant_rule
+from .lowered import _Builder, channel_subset, requant_rule
 from .lowering_base import LoweringBuilder, channel_ranges
 from .monotone_fit import Formula, fit_channels, float32_nudged, verify
 
@@ -180,12 +180,10 @@ class QOperatorBuilder(LoweringBuilder):
         a, b, lo, hi = (v[rest] for v in channel_ranges(self.plain, node))
         bias = np.zeros(rest.size, np.int64) if prep["bias"] is None else \
             np.broadcast_to(prep["bias"], (len(prep["rows"]),))[rest].astype(np.int64)
-        formula = proven_formula(self.plain, node, channel_subset(prep, rest), bias, a, b, lo, hi)
-        if formula is None:
-            self.refuse(node, "no float formula proven for the channels no float32 scale reproduces")
         f32 = self._float_builder()
         part = dataclasses.replace(node, name=f"{node.name}::rest", outputs=[f"{y}::rest_f"])
-        self.report[part.name] = "ConvInteger, " + f32._formula(part, formula, accf, lo, hi, [-1, 1, 1])
+        self.report[part.name] = "ConvInteger, " + f32._requantize(node, channel_subset(prep, rest), accf, bias, a, b,
+                                                                   lo, hi, [-1, 1, 1], np.float32, part)
         shifted = self.emit("Add", [f"{y}::rest_f", self.const(f"{y}::zp_f", self._zero_point(y))], f"{y}::rest_fq")
         return self.emit("Cast", [shifted], f"{y}::rest_q", to=TensorProto.UINT8)
 
