@@ -459,6 +459,53 @@ def test_int16_add_sub_mul_lowered_in_int64(mode, tflite):
         assert all(np.array_equal(got[n], want[n]) for n in g.outputs)
 
 
+class TokenModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.norm, self.fc = torch.nn.Embedding(50, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 4)
+
+    def forward(self, ids):
+        return self.fc(self.norm(self.embed(ids.reshape(-1, 3, 2).flatten(1))))
+
+
+@pytest.mark.parametrize("mode", ["fixedpoint", "single"])
+def test_token_id_inputs_lowered(mode):
+    """int64 token ids: the reshape of the ids runs as it is, the embedding lookup reads the
+    table's codes; the lowered engine equals the plain path, nothing falls back."""
+    import npuforge
+
+    torch.manual_seed(0)
+    ids = np.random.default_rng(3).integers(0, 50, (4, 6))
+    g = npuforge.from_torch(TokenModel().eval(), torch.from_numpy(ids))
+    q = npuforge.quantize(g, [{g.inputs[0]: ids}], log=lambda m: None)
+    low = make_simulator(q, mode)
+    assert isinstance(low, LoweredSimulator), low
+    assert "lookup of a constant's codes" in low.lowering.values()
+    for seed in range(3):
+        feeds = {q.inputs[0]: np.random.default_rng(seed).integers(0, 50, (5, 6))}
+        want, got = IntegerSimulator(q, mode).run(feeds, dequantize=False), low.run(feeds, dequantize=False)
+        assert all(np.array_equal(got[n], want[n]) for n in q.outputs)
+
+
+@pytest.mark.parametrize("dtype", ["int16", "int8"])
+def test_conv_of_wide_accumulators_on_int16_and_int8_inputs_lowered(dtype):
+    """A Conv whose accumulators pass 2^24: ONNX Runtime's u8u8 ConvInteger on the input's codes
+    (int8 moved up by 128; int16 split into two bytes, one ConvInteger each, summed in int64)."""
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.Conv2d(32, 8, 3, padding=1))
+    config = {"int16": ["/0/Conv"]} if dtype == "int16" else {"activation_dtype": "int8"}
+    if dtype == "int8":
+        net = torch.nn.Sequential(torch.nn.Conv2d(3, 256, 1), torch.nn.Conv2d(256, 64, 3, padding=1))
+    g, x = quantized_graph(net, (2, 3, 6, 5), config=config)
+    assert g.values[g.nodes[1].inputs[0]].quant.dtype == dtype
+    low = make_simulator(g, "fixedpoint", engine="ort")
+    assert low.form == "float" and "acc64" in str([n.output for n in low.model.graph.node if n.op_type == "Cast"])
+    info, rng = np.iinfo(x.dtype), np.random.default_rng(9)
+    for codes in (x, rng.integers(info.min, info.max + 1, (3, 3, 6, 5)).astype(x.dtype)):
+        feeds = {g.inputs[0]: codes}
+        want, got = IntegerSimulator(g, "fixedpoint").run(feeds, dequantize=False), low.run(feeds, dequantize=False)
+        assert all(np.array_equal(got[n], want[n]) for n in g.outputs)
+
+
 @pytest.mark.parametrize("single", [False, True])
 def test_int64_requantization_equals_the_plain_rules_on_extreme_accumulators(single):
     """lowered_int64.requantize against int_ops.requantize_fixedpoint / requantize_single on

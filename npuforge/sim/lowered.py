@@ -176,7 +176,7 @@ class _Builder(TableLowerings, LoweringBuilder):
 
     def check_inputs(self) -> None:
         for name in self.graph.inputs:
-            if self.graph.values[name].quant is None:
+            if self.graph.values[name].quant is None and not self.is_index(name):
                 self.refuse(None, f"graph input '{name}' is not quantized")
 
     # -- compute ---------------------------------------------------------------------------
@@ -267,16 +267,41 @@ class _Builder(TableLowerings, LoweringBuilder):
         return self.emit("Add", [product] + b, acc) if b else product
 
     def _conv_integer(self, node, prep, xq, attrs) -> str:
-        if xq.dtype != "uint8" or not prep["fits_int32"]:
-            self.refuse(node, f"accumulators up to {prep['bound']} are beyond float32's exact 2^24 and its "
-                              f"input is not uint8 within int32")
-        x = node.inputs[0]
-        codes = self.emit("Add", [x, self.const(f"{x}::zp_f", np.float32(int(xq.zero_point)))], f"{x}::codes_f")
-        codes = self.emit("Cast", [codes], f"{x}::u8", to=TensorProto.UINT8)
-        sums = self.emit("ConvInteger", [codes, self.const(f"{node.name}::w_u8", (prep["w"] + 128).astype(np.uint8)),
-                                         self.const(f"{x}::zp_u8", np.uint8(int(xq.zero_point))),
-                                         self.const("w_zp128", np.uint8(128))], f"{node.name}::acc32", **attrs)
-        return self.emit("Cast", [sums], f"{node.name}::acc64", to=TensorProto.DOUBLE)
+        """The exact accumulators of a Conv beyond float32's 2^24, in float64: ONNX Runtime's u8u8
+        ``ConvInteger`` (int32 sums; zero padding is the zero point) on the codes as uint8 (int8
+        codes moved up by 128 with their zero point). An int16 input c = q - zp is split into
+        bytes, c = 256 h + l (l in [0, 255], h int8), one ConvInteger each: sum w c =
+        256 sum w h + sum w l, each part within int32, combined in int64."""
+        x, pre = node.inputs[0], node.name
+        zp = int(xq.zero_point)
+        w = self.const(f"{pre}::w_u8", (prep["w"] + 128).astype(np.uint8))
+        w_zp = self.const("w_zp128", np.uint8(128))
+
+        def conv(codes_u8: str, x_zp: int, tag: str) -> str:
+            return self.emit("ConvInteger", [codes_u8, w, self.const(f"{x}::zp_u8_{x_zp}", np.uint8(x_zp)), w_zp],
+                             f"{pre}::acc32{tag}", **attrs)
+
+        if xq.dtype in ("uint8", "int8"):
+            if not prep["fits_int32"]:
+                self.refuse(node, f"accumulators up to {prep['bound']} are beyond int32")
+            shift = 128 if xq.dtype == "int8" else 0
+            codes = self.emit("Add", [x, self.const(f"{x}::zp_f", np.float32(zp + shift))], f"{x}::codes_f")
+            sums = conv(self.emit("Cast", [codes], f"{x}::u8", to=TensorProto.UINT8), zp + shift, "")
+            return self.emit("Cast", [sums], f"{pre}::acc64", to=TensorProto.DOUBLE)
+        if xq.dtype != "int16" or xq.qmin - zp < -32768 or xq.qmax - zp > 32767:
+            self.refuse(node, f"accumulators up to {prep['bound']} are beyond float32's exact 2^24 and its input "
+                              f"is {xq.dtype} (zero point {zp})")
+        c = self.emit("Cast", [x], f"{x}::c32", to=TensorProto.INT32)
+        low = self.emit("Mod", [c, self.const("int32_256", np.int32(256))], f"{x}::low", fmod=0)  # in [0, 255]
+        high = self.emit("Div", [self.emit("Sub", [c, low], f"{x}::c_high"), self.const("int32_256", np.int32(256))],
+                         f"{x}::high")  # exact: in [-128, 127]
+        high = self.emit("Add", [high, self.const("int32_128", np.int32(128))], f"{x}::high_u")
+        parts = [self.emit("Cast", [conv(self.emit("Cast", [v], f"{x}::{tag}_u8", to=TensorProto.UINT8), z, tag)],
+                           f"{pre}::acc64{tag}", to=TensorProto.INT64)
+                 for v, z, tag in ((low, 0, "_low"), (high, 128, "_high"))]
+        total = self.emit("Add", [self.emit("Mul", [parts[1], self.const("int64_256", np.int64(256))],
+                                            f"{pre}::acc_high256"), parts[0]], f"{pre}::acc64i")
+        return self.emit("Cast", [total], f"{pre}::acc64", to=TensorProto.DOUBLE)
 
     def _formula(self, node, f: Formula, acc: str, lo_c, hi_c, shape, acc_double: bool = False) -> str:
         """Emit ``f`` on ``acc`` (float32, or float64 with ``acc_double``, which takes a
@@ -363,8 +388,10 @@ class _Builder(TableLowerings, LoweringBuilder):
     def _passthrough(self, node):
         if node.op not in MOVERS or len([o for o in node.outputs if o]) > 1 and node.op != "Split":
             self.refuse(node, "no lowering for this op")
-        xq = self.activation(node, node.inputs[0])
         g = self.graph
+        if node.op == "Gather" and g.values[node.inputs[0]].is_const and self.is_index(node.inputs[1]):
+            return self._lookup(node)
+        xq = self.activation(node, node.inputs[0])
         inputs = list(node.inputs)
         for k, name in enumerate(inputs[1:], 1):
             if name and not g.values[name].is_const:
@@ -385,6 +412,14 @@ class _Builder(TableLowerings, LoweringBuilder):
             moved = dataclasses.replace(node, inputs=inputs)
             self.nodes.extend(_nodes_of(g, moved))
         self.report[node.name] = "moves codes"
+
+    def _lookup(self, node):
+        """Gather of a quantized constant (an embedding table) by integer ids: the table's codes."""
+        yq = self.activation(node, node.outputs[0])
+        codes = self.plain._get(node.inputs[0], {}).numpy().astype(np.int64)
+        table = self.const(f"{node.name}::codes", (codes - yq.zero_point.astype(np.int64)).astype(np.float32))
+        self.emit("Gather", [table, node.inputs[1]], node.outputs[0], axis=node.attrs.get("axis", 0))
+        self.report[node.name] = "lookup of a constant's codes"
 
     def _concat(self, node):
         yq = self.activation(node, node.outputs[0])
@@ -449,6 +484,9 @@ class LoweredSimulator:
         ort_feeds = {}
         for name in g.inputs:
             p = g.values[name].quant
+            if p is None:  # token ids and the like, as given
+                ort_feeds[name] = checked[name].numpy()
+                continue
             if name not in codes:
                 check_finite(checked[name], f"input '{name}'", "the integer simulator")
             q = codes[name] if name in codes else quantize_input(checked[name].numpy(), p)

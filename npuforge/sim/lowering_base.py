@@ -10,8 +10,11 @@ import numpy as np
 from onnx import helper, numpy_helper
 
 from ..errors import UnsupportedError
-from ..export.onnx_export import OPSET
+from ..export.onnx_export import OPSET, _nodes_of
+from ..ir import dtypes
 from .int_ops import max_abs_code
+
+INTEGER_DTYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
 
 
 def channel_ranges(plain, node) -> tuple[np.ndarray, ...]:
@@ -64,17 +67,31 @@ class LoweringBuilder:
     def check_inputs(self) -> None:
         raise NotImplementedError
 
+    def is_index(self, name: str) -> bool:
+        """An unquantized integer value (token ids, positions, shapes): ONNX Runtime computes it
+        exactly as the plain path does, with the op itself."""
+        v = self.graph.values[name]
+        return v.quant is None and v.dtype in INTEGER_DTYPES
+
     def build(self):
         g = self.graph
         self.check_inputs()
         for node in g.nodes:
             kind = self.plain._kind(node)
             handler = getattr(self, f"_{kind}", None) if kind else None
+            if handler is None and all(self.is_index(n) for n in (*node.inputs, *node.outputs) if n):
+                for name in node.inputs:
+                    if name and g.values[name].is_const:
+                        self.const(name, np.asarray(g.values[name].data))
+                self.nodes.extend(_nodes_of(g, node))
+                self.report[node.name] = "integer index arithmetic"
+                continue
             if handler is None:
                 self.refuse(node, f"no lowering for a '{kind}' node" if kind else "it runs in float")
             handler(node)
             self.report.setdefault(node.name, kind)
-        info = [helper.make_tensor_value_info(n, self.ELEM_TYPE, list(g.values[n].shape))
+        info = [helper.make_tensor_value_info(n, dtypes.to_onnx(g.values[n].dtype) if self.is_index(n)
+                                              else self.ELEM_TYPE, list(g.values[n].shape))
                 for n in (*g.inputs, *g.outputs)]
         graph = helper.make_graph(self.nodes, f"{g.name}-{self.SUFFIX}", info[:len(g.inputs)], info[len(g.inputs):],
                                   self.inits)
