@@ -506,6 +506,32 @@ def test_conv_of_wide_accumulators_on_int16_and_int8_inputs_lowered(dtype):
         assert all(np.array_equal(got[n], want[n]) for n in g.outputs)
 
 
+class Upsample(torch.nn.Module):
+    def __init__(self, size, align):
+        super().__init__()
+        self.conv, self.size, self.align = torch.nn.Conv2d(3, 4, 3), size, align
+
+    def forward(self, x):
+        return torch.nn.functional.interpolate(self.conv(x), size=self.size, mode="bilinear",
+                                               align_corners=self.align)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize("size,align", [((11, 7), False), ((3, 16), True), ((4, 4), False)])
+def test_integer_bilinear_resize_lowered_in_int64(size, align, dtype):
+    """Up, down and mixed sizes, half-pixel and align-corners coordinates, uint8 and int8 grids."""
+    g, x = quantized_graph(Upsample(size, align), (4, 3, 8, 9), config={"activation_dtype": dtype},
+                           dynamic_batch=False)
+    assert any(IntegerSimulator(g)._kind(n) == "interpolate" for n in g.nodes)
+    low = make_simulator(g, "fixedpoint", engine="ort")
+    assert "int64 bilinear" in str(low.lowering)
+    info, rng = np.iinfo(x.dtype), np.random.default_rng(4)
+    for codes in (x, rng.integers(info.min, info.max + 1, (4, 3, 8, 9)).astype(x.dtype)):
+        feeds = {g.inputs[0]: codes}
+        want, got = IntegerSimulator(g, "fixedpoint").run(feeds, dequantize=False), low.run(feeds, dequantize=False)
+        assert all(np.array_equal(got[n], want[n]) for n in g.outputs)
+
+
 @pytest.mark.parametrize("single", [False, True])
 def test_int64_requantization_equals_the_plain_rules_on_extreme_accumulators(single):
     """lowered_int64.requantize against int_ops.requantize_fixedpoint / requantize_single on

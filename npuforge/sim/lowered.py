@@ -384,6 +384,9 @@ class _Builder(TableLowerings, LoweringBuilder):
     def _layernorm(self, node):
         self.report[node.name] = int64_rules.layernorm(self, node)
 
+    def _interpolate(self, node):
+        self.report[node.name] = int64_rules.interpolate(self, node)
+
     # -- moving codes ----------------------------------------------------------------------
     def _passthrough(self, node):
         if node.op not in MOVERS or len([o for o in node.outputs if o]) > 1 and node.op != "Split":

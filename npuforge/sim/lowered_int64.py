@@ -3,8 +3,9 @@ programs rather than one requantization: Softmax (npuforge/quant/softmax_rule.py
 and LayerNormalization / InstanceNormalization / L2Normalize (npuforge/quant/layernorm_rule.py),
 written in ONNX Runtime's int64 arithmetic, step for step as the plain simulator
 computes them; the fixed-point requantization itself (:func:`requantize`), for the
-channels no float formula is proven equal to; and Add / Sub / Mul of operands too wide
-for a table of every pair of codes (:func:`elementwise`: int16). Every step is exact: int64 products stay below 2^62 by the rules'
+channels no float formula is proven equal to; Add / Sub / Mul of operands too wide
+for a table of every pair of codes (:func:`elementwise`: int16); and the integer
+bilinear Resize (:func:`interpolate`). Every step is exact: int64 products stay below 2^62 by the rules'
 own bounds, ``Div`` of non-negative int64 values is floor division, a floor
 division by 2^t of a signed value is ``(a - Mod(a, 2^t)) / 2^t``, and the integer
 square root is a float64 estimate corrected by one step each way.
@@ -186,6 +187,38 @@ def elementwise(builder, node) -> str:
         y = total
     _store(builder, node, y)
     return f"int64 fixed-point {node.op}"
+
+
+def interpolate(builder, node) -> str:
+    """npuforge/quant/resize_rule.py's bilinear Resize: rows, then columns, each a Gather of the
+    two neighbours times their 10-bit weights (the four-term sum, regrouped, is the same
+    integer), then the product's 2^20 rounded half away from zero by truncating Div."""
+    from ..quant.resize_rule import axis_weights
+
+    plain, pre, x = builder.plain, node.name, node.inputs[0]
+    xq = builder.activation(node, x)
+    yq = builder.activation(node, node.outputs[0])
+    shift = 128 if yq.dtype == "uint8" else 0  # the rule reads uint8 codes as int8
+    zp = int(yq.zero_point)
+    v = builder.emit("Cast", [x], f"{pre}::c64", to=TensorProto.INT64)
+    v = builder.emit("Add", [v, _int64(builder, f"{pre}::zp_shift", int(xq.zero_point) - shift)], f"{pre}::v")
+    shape_in, shape_out = builder.graph.values[x].shape, builder.graph.values[node.outputs[0]].shape
+    align, half = bool(plain._int(node, "align_corners")), bool(plain._int(node, "half_pixel_centers"))
+    for axis in (2, 3):
+        lo, hi, w0, w1 = axis_weights(shape_in[axis], shape_out[axis], align, half)
+        dims = [1, 1, -1, 1] if axis == 2 else [1, 1, 1, -1]
+        terms = [builder.emit("Mul", [builder.emit("Gather", [v, _int64(builder, f"{pre}::{tag}{axis}", idx)],
+                                                   f"{pre}::g{tag}{axis}", axis=axis),
+                                      _int64(builder, f"{pre}::w{tag}{axis}", w.reshape(dims))], f"{pre}::t{tag}{axis}")
+                 for tag, idx, w in (("lo", lo, w0), ("hi", hi, w1))]
+        v = builder.emit("Add", terms, f"{pre}::axis{axis}")
+    positive = builder.emit("Greater", [v, _int64(builder, "int64_zero", 0)], f"{pre}::pos")
+    half_unit = builder.emit("Where", [positive, _int64(builder, "int64_2_19", 1 << 19),
+                                       _int64(builder, "int64_minus_2_19", -(1 << 19))], f"{pre}::half")
+    y = builder.emit("Div", [builder.emit("Add", [v, half_unit], f"{pre}::rounded"),
+                             _int64(builder, "int64_2_20", 1 << 20)], f"{pre}::y")  # truncates, as C's division
+    _store(builder, node, builder.emit("Add", [y, _int64(builder, f"{pre}::to_c", shift - zp)], f"{pre}::q64"))
+    return "int64 bilinear"
 
 
 def _floor_div(builder, x: str, power: str, out: str) -> str:

@@ -258,6 +258,9 @@ class QOperatorBuilder(LoweringBuilder):
     def _layernorm(self, node):
         return self._in_float(node, "no QLinear form that computes the integer rule")
 
+    def _interpolate(self, node):
+        return self._in_float(node, "no QLinear form that computes the integer rule")
+
     def _lut(self, node):
         x = node.inputs[0]
         self.codes(node, x), self.codes(node, node.outputs[0])
