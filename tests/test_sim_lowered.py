@@ -487,18 +487,31 @@ def test_token_id_inputs_lowered(mode):
         assert all(np.array_equal(got[n], want[n]) for n in q.outputs)
 
 
+class TwoReaders(torch.nn.Module):
+    """One value read by two Convs whose accumulators pass 2^24."""
+
+    def __init__(self, width: int, kernel: int):
+        super().__init__()
+        self.first = torch.nn.Conv2d(3, width, kernel, padding=kernel // 2)
+        self.a, self.b = (torch.nn.Conv2d(width, 8 * width // 32, 3, padding=1) for _ in range(2))
+
+    def forward(self, x):
+        y = self.first(x)
+        return self.a(y), self.b(y)
+
+
 @pytest.mark.parametrize("dtype", ["int16", "int8"])
 def test_conv_of_wide_accumulators_on_int16_and_int8_inputs_lowered(dtype):
     """A Conv whose accumulators pass 2^24: ONNX Runtime's u8u8 ConvInteger on the input's codes
-    (int8 moved up by 128; int16 split into two bytes, one ConvInteger each, summed in int64)."""
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.Conv2d(32, 8, 3, padding=1))
-    config = {"int16": ["/0/Conv"]} if dtype == "int16" else {"activation_dtype": "int8"}
-    if dtype == "int8":
-        net = torch.nn.Sequential(torch.nn.Conv2d(3, 256, 1), torch.nn.Conv2d(256, 64, 3, padding=1))
+    (int8 moved up by 128; int16 split into two bytes, one ConvInteger each, summed in int64);
+    the input's copies are made once for its two readers."""
+    net, config = (TwoReaders(32, 3), {"int16": ["/first/Conv"]}) if dtype == "int16" else \
+        (TwoReaders(256, 1), {"activation_dtype": "int8"})
     g, x = quantized_graph(net, (2, 3, 6, 5), config=config)
     assert g.values[g.nodes[1].inputs[0]].quant.dtype == dtype
     low = make_simulator(g, "fixedpoint", engine="ort")
-    assert low.form == "float" and "acc64" in str([n.output for n in low.model.graph.node if n.op_type == "Cast"])
+    assert low.form == "float" and sum(n.op_type == "ConvInteger" for n in low.model.graph.node) == \
+        (4 if dtype == "int16" else 2)
     info, rng = np.iinfo(x.dtype), np.random.default_rng(9)
     for codes in (x, rng.integers(info.min, info.max + 1, (3, 3, 6, 5)).astype(x.dtype)):
         feeds = {g.inputs[0]: codes}
@@ -556,7 +569,7 @@ def test_int64_requantization_equals_the_plain_rules_on_extreme_accumulators(sin
 
     class Builder(LoweringBuilder):
         def __init__(self):  # no graph: the emitter only needs emit and const
-            self.nodes, self.inits, self._consts = [], [], set()
+            self.nodes, self.inits, self._consts, self._made = [], [], set(), set()
 
     b = Builder()
     out = lowered_int64.requantize(b, "acc", mult, shifts, single, [1, -1], "rq")

@@ -285,23 +285,40 @@ class _Builder(TableLowerings, LoweringBuilder):
             if not prep["fits_int32"]:
                 self.refuse(node, f"accumulators up to {prep['bound']} are beyond int32")
             shift = 128 if xq.dtype == "int8" else 0
-            codes = self.emit("Add", [x, self.const(f"{x}::zp_f", np.float32(zp + shift))], f"{x}::codes_f")
-            sums = conv(self.emit("Cast", [codes], f"{x}::u8", to=TensorProto.UINT8), zp + shift, "")
+            sums = conv(self._uint8_codes(x, zp + shift), zp + shift, "")
             return self.emit("Cast", [sums], f"{pre}::acc64", to=TensorProto.DOUBLE)
         if xq.dtype != "int16" or xq.qmin - zp < -32768 or xq.qmax - zp > 32767:
             self.refuse(node, f"accumulators up to {prep['bound']} are beyond float32's exact 2^24 and its input "
                               f"is {xq.dtype} (zero point {zp})")
-        c = self.emit("Cast", [x], f"{x}::c32", to=TensorProto.INT32)
-        low = self.emit("Mod", [c, self.const("int32_256", np.int32(256))], f"{x}::low", fmod=0)  # in [0, 255]
-        high = self.emit("Div", [self.emit("Sub", [c, low], f"{x}::c_high"), self.const("int32_256", np.int32(256))],
-                         f"{x}::high")  # exact: in [-128, 127]
-        high = self.emit("Add", [high, self.const("int32_128", np.int32(128))], f"{x}::high_u")
-        parts = [self.emit("Cast", [conv(self.emit("Cast", [v], f"{x}::{tag}_u8", to=TensorProto.UINT8), z, tag)],
-                           f"{pre}::acc64{tag}", to=TensorProto.INT64)
-                 for v, z, tag in ((low, 0, "_low"), (high, 128, "_high"))]
+        parts = [self.emit("Cast", [conv(v, z, tag)], f"{pre}::acc64{tag}", to=TensorProto.INT64)
+                 for v, z, tag in zip(self._int16_bytes(x), (0, 128), ("_low", "_high"))]
         total = self.emit("Add", [self.emit("Mul", [parts[1], self.const("int64_256", np.int64(256))],
                                             f"{pre}::acc_high256"), parts[0]], f"{pre}::acc64i")
         return self.emit("Cast", [total], f"{pre}::acc64", to=TensorProto.DOUBLE)
+
+    def _uint8_codes(self, x: str, offset: int) -> str:
+        """``x`` (``q - zp`` in float32) plus ``offset``, as uint8 (made once per value)."""
+        out = f"{x}::u8"
+        if out not in self._made:
+            self._made.add(out)
+            codes = self.emit("Add", [x, self.const(f"{x}::u8_offset", np.float32(offset))], f"{x}::codes_f")
+            self.emit("Cast", [codes], out, to=TensorProto.UINT8)
+        return out
+
+    def _int16_bytes(self, x: str) -> tuple[str, str]:
+        """``x`` (int16 ``c = q - zp`` in float32) as two uint8 tensors, c = 256 (h - 128) + l
+        -> (l, h) (made once per value)."""
+        out = (f"{x}::low_u8", f"{x}::high_u8")
+        if out[0] not in self._made:
+            self._made.add(out[0])
+            c = self.emit("Cast", [x], f"{x}::c32", to=TensorProto.INT32)
+            low = self.emit("Mod", [c, self.const("int32_256", np.int32(256))], f"{x}::low", fmod=0)  # in [0, 255]
+            high = self.emit("Div", [self.emit("Sub", [c, low], f"{x}::c_high"),
+                                     self.const("int32_256", np.int32(256))], f"{x}::high")  # exact: in [-128, 127]
+            high = self.emit("Add", [high, self.const("int32_128", np.int32(128))], f"{x}::high_u")
+            self.emit("Cast", [low], out[0], to=TensorProto.UINT8)
+            self.emit("Cast", [high], out[1], to=TensorProto.UINT8)
+        return out
 
     def _formula(self, node, f: Formula, acc: str, lo_c, hi_c, shape, acc_double: bool = False) -> str:
         """Emit ``f`` on ``acc`` (float32, or float64 with ``acc_double``, which takes a

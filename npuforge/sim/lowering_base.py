@@ -48,6 +48,7 @@ class LoweringBuilder:
         self.inits: list = []
         self.report: dict[str, str] = {}  # node -> how it was lowered
         self._consts: set[str] = set()
+        self._made: set[str] = set()  # values derived once per activation (their copies in another type)
 
     def const(self, name: str, arr) -> str:
         """An initializer, made once (names derive from the value or node they belong to)."""

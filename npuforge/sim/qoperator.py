@@ -80,6 +80,7 @@ class QOperatorBuilder(LoweringBuilder):
         if self._float is None:
             self._float = _Builder(self.plain)
             self._float.nodes, self._float.inits, self._float._consts = self.nodes, self.inits, self._consts
+            self._float._made = self._made
         return self._float
 
     def _in_float(self, node, why: str):
