@@ -487,6 +487,20 @@ def test_token_id_inputs_lowered(mode):
         assert all(np.array_equal(got[n], want[n]) for n in q.outputs)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_conv_transpose_lowered(mode):
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(),
+                              torch.nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1))
+    g, x = quantized_graph(net, (2, 3, 6, 5))
+    low = make_simulator(g, mode, engine="ort")
+    assert "ConvTranspose" in {n.op_type for n in low.model.graph.node}
+    info, rng = np.iinfo(x.dtype), np.random.default_rng(2)
+    for codes in (x, rng.integers(info.min, info.max + 1, (3, 3, 6, 5)).astype(x.dtype)):
+        feeds = {g.inputs[0]: codes}
+        want, got = IntegerSimulator(g, mode).run(feeds, dequantize=False), low.run(feeds, dequantize=False)
+        assert all(np.array_equal(got[n], want[n]) for n in g.outputs)
+
+
 class TwoReaders(torch.nn.Module):
     """One value read by two Convs whose accumulators pass 2^24."""
 

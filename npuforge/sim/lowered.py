@@ -185,11 +185,13 @@ class _Builder(TableLowerings, LoweringBuilder):
         prep = plain._prep_compute(node)
         xq = self.activation(node, node.inputs[0])
         self.activation(node, node.outputs[0])
-        if node.op not in ("Conv", "Gemm", "MatMul"):
+        if node.op not in ("Conv", "ConvTranspose", "Gemm", "MatMul"):
             self.refuse(node, "no lowering for this compute node")
         wide = prep["ftype"] is not torch.float32  # accumulators beyond float32's exact 2^24
         if wide and prep["ftype"] is not torch.float64:
             self.refuse(node, f"accumulators up to {prep['bound']} are beyond float64's exact 2^53")
+        if wide and node.op == "ConvTranspose":  # ONNX Runtime has it in float32 only
+            self.refuse(node, f"accumulators up to {prep['bound']} are beyond float32's exact 2^24")
         channels = len(prep["rows"])
         fold = prep["fold_bias"] and not (wide and node.op == "Conv")  # ConvInteger takes no bias
         bias = prep["bias"] if fold else None  # else in the requantization formula, as offset
@@ -201,7 +203,8 @@ class _Builder(TableLowerings, LoweringBuilder):
             # ONNX's rule starts from float32(acc + bias): that rounding is the rule's own
             acc, wide = self.emit("Cast", [acc], f"{node.name}::acc32", to=TensorProto.FLOAT), False
         a, b, lo_c, hi_c = channel_ranges(plain, node)  # bias included
-        shape = [-1] + [1] * (len(self.graph.values[node.outputs[0]].shape) - 2) if node.op == "Conv" else [-1]
+        shape = [-1] + [1] * (len(self.graph.values[node.outputs[0]].shape) - 2) \
+            if node.op in ("Conv", "ConvTranspose") else [-1]
         acc_dtype = np.float64 if wide else np.float32
         if node.attrs.get("activation") == "LeakyRelu":
             self.report[node.name] = self._leaky(node, prep, acc, offset, a, b, lo_c, hi_c, shape, acc_dtype)
