@@ -81,6 +81,7 @@ import numpy as np
 
 BATCH = 1  # what an NPU program runs (the compile stage needs it); the calibration still sees 8 images
 CALIB_BATCHES = 8
+SPEED_RUNS = 5  # timed runs of the lowered simulator and of ONNX Runtime's QDQ session, each
 EVAL_SEED = 1234
 VOCAB, SEQ = 1000, 32
 
@@ -630,10 +631,12 @@ def run_worker(name: str, record_path: Path, workdir: Path, export_dir: Path | N
 
     qdq_path = workdir / f"{name}.qdq.onnx"
 
+    sessions = {}
+
     def qdq():
         model = to_qdq_onnx(q)
         qdq_path.write_bytes(model.SerializeToString())
-        sess = ort_session(str(qdq_path))
+        sess = sessions["qdq"] = ort_session(str(qdq_path))
         res = sess.run(None, {sess.get_inputs()[0].name: x_np})
         return dict(zip([o.name for o in sess.get_outputs()], res))
 
@@ -641,6 +644,24 @@ def run_worker(name: str, record_path: Path, workdir: Path, export_dir: Path | N
     if got is not None and fake is not None:
         names = list(got)
         rec["cos_qdq_vs_fake"] = {o: cosine(got.get(o, got[names[i]]), fake[o]) for i, o in enumerate(q.outputs)}
+    if got is not None and lowered is not None:
+        def speed():
+            # the lowered integer simulator against ONNX Runtime's own int8 run of the QDQ file, same input,
+            # same thread; the median of SPEED_RUNS interleaved runs after a warm-up of each
+            sess = sessions["qdq"]
+            feed = {sess.get_inputs()[0].name: x_np}
+            times = {"lowered": [], "qdq_ort": []}
+            for run in range(SPEED_RUNS + 1):
+                for key, fn in (("lowered", lambda: lowered.run(qfeeds)), ("qdq_ort", lambda: sess.run(None, feed))):
+                    t = time.perf_counter()
+                    fn()
+                    if run:
+                        times[key].append(time.perf_counter() - t)
+            ms = {key: 1e3 * float(np.median(v)) for key, v in times.items()}
+            rec["sim_speed"] = {**{f"{k}_ms": round(v, 3) for k, v in ms.items()},
+                                "ratio": round(ms["qdq_ort"] / ms["lowered"], 3), "form": lowered.form}
+
+        stage("sim_speed", speed)
     save()
 
     # 6. the NPU program, on each target: compiled, run by the program simulator on the first sample,
@@ -710,7 +731,7 @@ def run_worker(name: str, record_path: Path, workdir: Path, export_dir: Path | N
 COMPILE_TARGETS = ("npu256", "npu1k")
 TFLITE_SAMPLES = 2
 STAGES = ("build", "export", "import", "float_vs_ort", "quantize", "fake_quant", "integer_sim", "lowering",
-          "lowered_run", "qdq_ort") + tuple(f"compile_{t}" for t in COMPILE_TARGETS) + (
+          "lowered_run", "qdq_ort", "sim_speed") + tuple(f"compile_{t}" for t in COMPILE_TARGETS) + (
           "tflite_quantize", "tflite_export", "tflite_litert")
 
 
@@ -832,7 +853,9 @@ def _lowering_cell(rec) -> str:
         if diff is None:
             return "yes"
         worst = max((v for v in diff.values() if v is not None), default=None)
-        return "yes (= plain)" if worst == 0 else f"yes (codes differ by {worst})"
+        speed = rec.get("sim_speed")
+        ratio = f", {speed['ratio']:.2f}x ORT int8" if speed else ""
+        return ("yes (= plain" if worst == 0 else f"yes (codes differ by {worst}") + ratio + ")"
     return "no: " + _short(_lowering_reason(s), 70)
 
 
@@ -975,6 +998,8 @@ def summary(records: list[dict]) -> str:
                                                                   if v is not None and v >= 0.99)),
         ("ONNX Runtime lowering accepted", count(lambda r: ok(r, "lowering"))),
         ("... and its output codes equal the plain simulator's", lowered_exact),
+        ("... at >= 0.5x ONNX Runtime's int8 QDQ speed (batch 1, one thread)",
+         count(lambda r: r.get("sim_speed", {}).get("ratio", 0) >= 0.5)),
         ("QDQ file runs in ONNX Runtime (ORT_ENABLE_ALL)", count(lambda r: ok(r, "qdq_ort"))),
         ("QDQ in ONNX Runtime vs fake-quant cosine >= 0.99", sum(1 for v in cq.values()
                                                                  if v is not None and v >= 0.99)),
