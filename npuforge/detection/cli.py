@@ -206,9 +206,9 @@ def _runner(graph, engine: str, where: str):
     if engine != "float" and not quantized:
         raise NpuforgeError(f"--engine {engine}: {where} is not quantized (npuforge quantize it first)")
     if engine == "int":
-        from ..sim.integer import IntegerSimulator
+        from ..sim.lowered import make_simulator
 
-        return IntegerSimulator(graph).run
+        return make_simulator(graph).run
     if engine == "fake":
         from ..sim.fake_quant import run_fake_quant
 

@@ -40,6 +40,7 @@ from ..quant.config import QuantConfig
 from ..quant.quantize import apply_parameters, calibrated_plan, record
 from ..sim.float_exec import check_feeds, execute, last_uses
 from ..sim.integer import IntegerSimulator, quantize_input
+from ..sim.lowered import make_simulator
 
 
 START_STEPS = (("equalize", "equalize"), ("adaround", "AdaRound"), ("bias_correction", "bias correction"))
@@ -190,6 +191,7 @@ class QATProgram(torch.nn.Module):
         self.group_of = {g: k for k, g in enumerate(self.groups)}
         self.log_scales = torch.nn.Parameter(torch.zeros(len(self.groups)))  # exp(t): the range's factor
         self._cache = None  # (weight versions, quantized graph)
+        self._engine = None  # (graph, its simulator for evaluation)
         if start_codes:
             self._report_rounding_kept(start_codes)
 
@@ -282,9 +284,11 @@ class QATProgram(torch.nn.Module):
     # -- the forward ----------------------------------------------------------------------
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         graph = self.quantized()
+        if not torch.is_grad_enabled():  # evaluation: the integer program alone, on the fast engine
+            if self._engine is None or self._engine[0] is not graph:
+                self._engine = (graph, make_simulator(graph, self.rounding))
+            return torch.from_numpy(self._engine[1].run({graph.inputs[0]: x.detach().cpu().numpy()})[graph.outputs[0]])
         sim = IntegerSimulator(graph, self.rounding)
-        if not torch.is_grad_enabled():  # evaluation: the integer program alone
-            return torch.from_numpy(sim.run({graph.inputs[0]: x.detach().cpu().numpy()})[graph.outputs[0]])
         values = graph.values
         trained = dict(zip(self.names, self.weights))
         codes_of = {n.inputs[k]: n.quant[role] for n in graph.nodes  # a trained weight -> its stored codes

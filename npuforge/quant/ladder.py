@@ -44,7 +44,7 @@ def climb(graph, dataset, config: QuantConfig, target_drop: float, *, held_out: 
     optimized float graph; ``dataset``: the calibration folder's ImageDataset. Its last
     ``held_out`` images score; PTQ calibrates on the first ``num_calib`` of the others, QAT
     trains on all of them."""
-    from ..sim.integer import IntegerSimulator
+    from ..sim.lowered import make_simulator
     from ..workflow import transform_of
     from ..zoo.data import iter_batches
     from .quantize import quantize
@@ -82,7 +82,7 @@ def climb(graph, dataset, config: QuantConfig, target_drop: float, *, held_out: 
         else:
             q = quantize(graph, (x for x, _ in calib_batches), replace(config, **extra), optimize=False,
                          log=lambda m: None, layer_progress=_every_tenth_layer(log))
-        sim = IntegerSimulator(q)
+        sim = make_simulator(q)
         logits = np.concatenate([sim.run({q.inputs[0]: x})[q.outputs[0]] for x, _ in scored_batches])
         score = _top1_or_agreement(logits, labels, float_logits)
         row = {"rung": rung, "top1": round(score, 2), "drop": round(reference - score, 2),
