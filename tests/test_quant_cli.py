@@ -175,3 +175,25 @@ def test_torchrun_quantize_and_eval_equal_one_process(capsys, tiny_model, images
     assert shared["processes"] == 2 and alone["processes"] == 1
     assert alone["images"] == 6
     assert (shared["images"], shared["top1"], shared["top5"]) == (alone["images"], alone["top1"], alone["top5"])
+
+
+def test_calibration_takes_every_class_in_turn_from_class_subfolders(tmp_path):
+    """--num-calib N of a folder of class subfolders: one image of each class in turn, not the first
+    class's N images; a flat folder keeps file order."""
+    from npuforge.zoo.data import ImageDataset
+
+    rng = np.random.default_rng(1)
+    for cls, count in (("a", 5), ("b", 1), ("c", 3)):
+        (tmp_path / "tree" / cls).mkdir(parents=True)
+        for i in range(count):
+            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(tmp_path / "tree" / cls / f"{i}.png")
+    data = ImageDataset(tmp_path / "tree", labelled=False)
+    data.keep_first(6)
+    assert [(p.parent.name, p.stem) for p, _ in data.samples] == [("a", "0"), ("b", "0"), ("c", "0"), ("a", "1"),
+                                                                 ("c", "1"), ("a", "2")]
+    (tmp_path / "flat").mkdir()
+    for name in ("n01440764_1.png", "n01443537_2.png", "n01484850_3.png"):
+        shutil.copy(tmp_path / "tree" / "a" / "0.png", tmp_path / "flat" / name)
+    flat = ImageDataset(tmp_path / "flat", labelled=False)
+    flat.keep_first(2)
+    assert [p.name for p, _ in flat.samples] == ["n01440764_1.png", "n01443537_2.png"]

@@ -21,14 +21,17 @@ def add_quantize_parser(sub) -> None:
     p = sub.add_parser(
         "quantize", help="post-training int8 quantization calibrated on a folder of images",
         description="Optimize the model's graph, calibrate activation ranges on the first --num-calib images of "
-                    "--calib (file order), quantize to int8 and write the quantized IR at OUT (text + "
-                    "OUT.safetensors) and its ONNX QDQ form at OUT with suffix .onnx.")
+                    "--calib (file order; with class subfolders, one image of each class in turn), quantize to "
+                    "int8 and write the quantized IR at OUT (text + OUT.safetensors) and its ONNX QDQ form at OUT "
+                    "with suffix .onnx. Under torchrun the calibration batches are shared out among the processes; "
+                    "the files written are the same.")
     p.add_argument("model", help="an ONNX file, a float .tflite file, a saved npuforge IR, or a zoo model name (its "
                                  "weights and preprocessing are used)")
     p.add_argument("--calib", required=True, metavar="DIR", help="calibration images (class subfolders or "
                                                                   "ImageNet-style <wnid>_name.JPEG files)")
     p.add_argument("--class-table", metavar="TSV", help="class table for flat folders (index, wnid, name)")
-    p.add_argument("--num-calib", type=int, default=100, metavar="N", help="calibration images (default 100)")
+    p.add_argument("--num-calib", type=int, default=100, metavar="N",
+                   help="calibration images (default 100; with class subfolders, taken from each class in turn)")
     p.add_argument("--method", default="minmax", choices=METHODS, help="activation range observer (default minmax)")
     p.add_argument("--granularity", default="per-channel", choices=GRANULARITIES,
                    help="weight scales per output channel (default) or per tensor")
@@ -201,7 +204,8 @@ def cmd_quantize(args) -> int:
     # under torchrun each process calibrates a consecutive run of whole batches: the batches, and so the
     # merged statistics, are one process's
     mine = dist.shard(-(-args.num_calib // batch))
-    dataset.samples = dataset.samples[:args.num_calib][mine.start * batch:mine.stop * batch]
+    dataset.keep_first(args.num_calib)  # (class subfolders: every class in turn)
+    dataset.samples = dataset.samples[mine.start * batch:mine.stop * batch]
     transform = transform_of(graph.metadata["preprocess"])
     bar = tqdm(total=len(dataset), desc="calibrating", unit="img", file=sys.stderr,
                disable=args.quiet or args.json or not dist.main, leave=False)

@@ -163,6 +163,20 @@ class ImageDataset:
         self.skipped: list[tuple[str, str]] = []
         self._lock = threading.Lock()
 
+    def keep_first(self, n: int) -> None:
+        """Keep ``n`` images for calibration: the first in file order for a flat folder; for class
+        subfolders, one image of each class in turn (each class's files in order), so every class
+        is represented rather than the first folder alone."""
+        if self.layout == "imagefolder":
+            by_class: dict[int, list] = {}
+            for sample in self.samples:
+                by_class.setdefault(sample[1], []).append(sample)
+            queues = list(by_class.values())
+            order = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
+            self.samples = order[:n]
+        else:
+            self.samples = self.samples[:n]
+
     def __len__(self) -> int:
         return len(self.samples)
 
