@@ -95,8 +95,10 @@ def run_graph(state: dict, path):
     return graph
 
 
-def resolve_model(spec: str, preprocess: str | None = None, log=None, input_shapes: dict | None = None):
-    """MODEL argument -> Graph with metadata["preprocess"] set."""
+def resolve_model(spec: str, preprocess: str | None = None, log=None, input_shapes: dict | None = None,
+                  images: bool = True):
+    """MODEL argument -> Graph with metadata["preprocess"] set (``images=False``: fed arrays, not
+    photos; a model that records no preprocessing gets none)."""
     from . import load
     from .zoo import get_config, list_models
 
@@ -126,6 +128,8 @@ def resolve_model(spec: str, preprocess: str | None = None, log=None, input_shap
         graph = load(path, input_shapes=input_shapes)
     if preprocess:
         graph.metadata["preprocess"] = preprocess_of(get_config(preprocess))
+    elif "preprocess" not in graph.metadata and not images:
+        return graph
     elif "preprocess" not in graph.metadata:
         shape = graph.values[graph.inputs[0]].shape
         if len(shape) != 4 or not all(isinstance(d, int) for d in shape[2:]):

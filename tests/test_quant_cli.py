@@ -197,3 +197,38 @@ def test_calibration_takes_every_class_in_turn_from_class_subfolders(tmp_path):
     flat = ImageDataset(tmp_path / "flat", labelled=False)
     flat.keep_first(2)
     assert [p.name for p, _ in flat.samples] == ["n01440764_1.png", "n01443537_2.png"]
+
+
+class _Tokens(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.fc = torch.nn.Embedding(30, 8), torch.nn.Linear(8, 3)
+
+    def forward(self, ids):
+        return self.fc(self.embed(ids).mean(dim=1))
+
+
+def test_quantize_calibrates_a_token_model_on_npy_and_npz_files(capsys, tmp_path):
+    """Token ids from .npy files (one sample, or a batch, each) and from .npz files named by input;
+    a file of the wrong shape is one line naming it."""
+    torch.manual_seed(0)
+    model = tmp_path / "tokens.onnx"
+    npuforge.export_onnx(_Tokens().eval(), torch.zeros(1, 6, dtype=torch.int64), str(model))
+    name = npuforge.load(model).inputs[0]
+    rng = np.random.default_rng(0)
+    (tmp_path / "npy").mkdir()
+    np.save(tmp_path / "npy" / "a.npy", rng.integers(0, 30, 6))  # one sample
+    np.save(tmp_path / "npy" / "b.npy", rng.integers(0, 30, (5, 6)))  # a batch of five
+    (tmp_path / "npz").mkdir()
+    for i in range(3):
+        np.savez(tmp_path / "npz" / f"{i}.npz", **{name: rng.integers(0, 30, (2, 6))})
+    for folder, count in (("npy", 6), ("npz", 6)):
+        code, out, err = run(capsys, "quantize", model, "--calib", tmp_path / folder, "--num-calib", count,
+                             "--batch-size", 4, "-o", tmp_path / f"{folder}.nfir", "--json")
+        assert code == 0, err
+        summary = json.loads(out)
+        assert summary["calibration_images"] == count and summary["float_nodes"] == []
+    np.save(tmp_path / "npy" / "c.npy", rng.integers(0, 30, (2, 7)))
+    code, _, err = run(capsys, "quantize", model, "--calib", tmp_path / "npy", "--num-calib", 8, "-o",
+                       tmp_path / "bad.nfir")
+    one_line_error(code, err, "c.npy", "[2, 7]")

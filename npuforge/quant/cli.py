@@ -28,7 +28,10 @@ def add_quantize_parser(sub) -> None:
     p.add_argument("model", help="an ONNX file, a float .tflite file, a saved npuforge IR, or a zoo model name (its "
                                  "weights and preprocessing are used)")
     p.add_argument("--calib", required=True, metavar="DIR", help="calibration images (class subfolders or "
-                                                                  "ImageNet-style <wnid>_name.JPEG files)")
+                                                                  "ImageNet-style <wnid>_name.JPEG files), or "
+                                                                  ".npy / .npz files of model inputs (token ids, "
+                                                                  "audio, features: one sample or a batch each; "
+                                                                  ".npz: one array per input name)")
     p.add_argument("--class-table", metavar="TSV", help="class table for flat folders (index, wnid, name)")
     p.add_argument("--num-calib", type=int, default=100, metavar="N",
                    help="calibration images (default 100; with class subfolders, taken from each class in turn)")
@@ -151,6 +154,7 @@ def _climb(args, graph, dataset, config: QuantConfig, out: Path) -> int:
 def cmd_quantize(args) -> int:
     from tqdm import tqdm
 
+    from ..arrays import array_files, batches as array_batches, read_samples
     from ..cli import parse_input_shapes
     from ..distributed import Distributed
     from ..workflow import check_input_size, resolve_model, stderr_log, transform_of
@@ -174,7 +178,9 @@ def cmd_quantize(args) -> int:
                          adaround_cache=(args.adaround_cache or str(out.with_suffix(".adaround"))) if args.adaround
                          else "")
     log = stderr_log
-    graph = resolve_model(args.model, args.preprocess, log=log, input_shapes=parse_input_shapes(args.input_shape))
+    files = array_files(args.calib)  # .npy / .npz samples (token ids, audio, features) instead of photos
+    graph = resolve_model(args.model, args.preprocess, log=log, input_shapes=parse_input_shapes(args.input_shape),
+                          images=not files)
     check_input_size(graph, args.model)
     for option, names in (("--int16", config.int16), ("--keep-float", config.keep_float)):
         unknown = sorted(set(names) - {n.name for n in graph.nodes} - set(graph.values))
@@ -186,8 +192,10 @@ def cmd_quantize(args) -> int:
         config.int16 = list(hint)
         log(f"note: {args.model}'s box path ({len(hint)} values, from its regressor convolutions to 'boxes') is "
             f"quantized in int16, as the detector records; --int16 NAMES chooses others")
+    if files and args.target_drop is not None:
+        raise NpuforgeError(f"--target-drop scores recipes on labelled photos; {args.calib} holds arrays")
     # calibration needs no labels (a detector's images have none); the target-drop climb evaluates on them
-    dataset = ImageDataset(args.calib, args.class_table, labelled=args.target_drop is not None)
+    dataset = None if files else ImageDataset(args.calib, args.class_table, labelled=args.target_drop is not None)
     dist = Distributed.from_env("cpu")
     if dist.active and (args.target_drop is not None or args.bias_correction or args.adaround):
         option = "--target-drop" if args.target_drop is not None else (
@@ -196,21 +204,26 @@ def cmd_quantize(args) -> int:
                             f"without torchrun")
     if args.target_drop is not None:
         return _climb(args, graph, dataset, config, out)
-    if len(dataset) < args.num_calib:
-        raise NpuforgeError(f"--calib {args.calib}: holds {len(dataset)} images but --num-calib is "
-                            f"{args.num_calib}; lower --num-calib or add images")
+    samples = read_samples(graph, files, args.num_calib) if files else dataset.samples
+    if len(samples) < args.num_calib:
+        raise NpuforgeError(f"--calib {args.calib}: holds {len(samples)} {'samples' if files else 'images'} but "
+                            f"--num-calib is {args.num_calib}; lower --num-calib or add some")
     batch = graph.values[graph.inputs[0]].shape[0]  # a static batch (a TFLite model's 1) sets the batch size
     batch = batch if isinstance(batch, int) else args.batch_size
     # under torchrun each process calibrates a consecutive run of whole batches: the batches, and so the
     # merged statistics, are one process's
     mine = dist.shard(-(-args.num_calib // batch))
-    dataset.keep_first(args.num_calib)  # (class subfolders: every class in turn)
-    dataset.samples = dataset.samples[mine.start * batch:mine.stop * batch]
-    transform = transform_of(graph.metadata["preprocess"])
-    bar = tqdm(total=len(dataset), desc="calibrating", unit="img", file=sys.stderr,
+    if files:
+        batches = array_batches(samples[mine.start * batch:mine.stop * batch], batch)
+        total = sum(len(next(iter(b.values()))) for b in batches)
+    else:
+        dataset.keep_first(args.num_calib)  # (class subfolders: every class in turn)
+        dataset.samples = dataset.samples[mine.start * batch:mine.stop * batch]
+        batches = (x for x, _, _ in iter_batches(dataset, transform_of(graph.metadata["preprocess"]), batch))
+        total = len(dataset)
+    bar = tqdm(total=total, desc="calibrating", unit="sample" if files else "img", file=sys.stderr,
                disable=args.quiet or args.json or not dist.main, leave=False)
     start = time.perf_counter()
-    batches = (x for x, _, _ in iter_batches(dataset, transform, batch))
     bars = {}
 
     def layer_progress(step: str, done: int, total: int) -> None:
@@ -227,7 +240,7 @@ def cmd_quantize(args) -> int:
         for b in [bar, *bars.values()]:
             b.close()
     seconds = time.perf_counter() - start
-    skipped = int(sum(dist.sum([len(dataset.skipped)])))
+    skipped = int(sum(dist.sum([len(dataset.skipped) if dataset is not None else 0])))
     if not dist.main:  # every process holds the same graph; the first writes and reports it
         dist.close()
         return 0

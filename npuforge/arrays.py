@@ -1,0 +1,98 @@
+"""Model inputs that are not photos: a folder of ``.npy`` / ``.npz`` files.
+
+Each file holds one sample, or several along a leading batch dim: a ``.npy`` file the
+single input of a one-input model, a ``.npz`` file one array per input name. An
+array of the input's rank is a batch; one dim fewer, a single sample. Float arrays
+are cast to the input's float type, integer arrays (token ids) to its integer type;
+files are read in name order. Every fault is one line naming the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .errors import NpuforgeError
+from .ir import dtypes
+
+ARRAY_EXTENSIONS = (".npy", ".npz")
+
+
+def array_files(root) -> list[Path]:
+    """The .npy / .npz files of a folder, in name order (empty if there are none)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in ARRAY_EXTENSIONS)
+
+
+def _load(path: Path, inputs: list[str]) -> dict:
+    try:
+        if path.suffix.lower() == ".npy":
+            if len(inputs) != 1:
+                raise NpuforgeError(f"{path}: a .npy file feeds a one-input model, and this one has inputs "
+                                    f"{', '.join(inputs)}; give .npz files with one array per input name")
+            return {inputs[0]: np.load(path, allow_pickle=False)}
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except NpuforgeError:
+        raise
+    except (OSError, ValueError, EOFError) as e:
+        raise NpuforgeError(f"{path}: not a readable {path.suffix} file ({' '.join(str(e).split())[:120]})") from None
+    if len(inputs) == 1 and len(arrays) == 1:
+        return {inputs[0]: next(iter(arrays.values()))}
+    missing = [n for n in inputs if n not in arrays]
+    if missing:
+        raise NpuforgeError(f"{path}: holds {', '.join(sorted(arrays)) or 'no arrays'} but the model's inputs are "
+                            f"{', '.join(inputs)}; name each array after its input")
+    return {n: arrays[n] for n in inputs}
+
+
+def _as_batch(graph, name: str, arr: np.ndarray, path: Path) -> np.ndarray:
+    v = graph.values[name]
+    rank = len(v.shape)
+    if arr.ndim == rank - 1:
+        arr = arr[None]
+    elif arr.ndim != rank:
+        raise NpuforgeError(f"{path}: '{name}' has shape {list(arr.shape)}; the input is {list(v.shape)} (give one "
+                            f"sample without the batch dim, or a batch)")
+    for got, dim in zip(arr.shape[1:], v.shape[1:]):
+        if isinstance(dim, int) and got != dim:
+            raise NpuforgeError(f"{path}: '{name}' has shape {list(arr.shape)}; the input is {list(v.shape)}")
+    want = dtypes.to_numpy(v.dtype)
+    if np.issubdtype(want, np.floating) != np.issubdtype(arr.dtype, np.floating) or arr.dtype.kind not in "biuf":
+        raise NpuforgeError(f"{path}: '{name}' is {arr.dtype}; the input is {v.dtype}")
+    if np.issubdtype(want, np.integer):
+        info = np.iinfo(want)
+        if arr.size and (arr.min() < info.min or arr.max() > info.max):
+            raise NpuforgeError(f"{path}: '{name}' holds values outside {v.dtype}")
+    return arr.astype(want)
+
+
+def read_samples(graph, files: list[Path], limit: int) -> list[dict]:
+    """The first ``limit`` samples of ``files``, each {input name: array with a batch dim of 1}."""
+    samples = []
+    for path in files:
+        feeds = {n: _as_batch(graph, n, a, path) for n, a in _load(path, list(graph.inputs)).items()}
+        counts = {len(a) for a in feeds.values()}
+        if len(counts) != 1:
+            raise NpuforgeError(f"{path}: its arrays hold different numbers of samples ({sorted(counts)})")
+        for i in range(counts.pop()):
+            samples.append({n: a[i:i + 1] for n, a in feeds.items()})
+            if len(samples) == limit:
+                return samples
+    return samples
+
+
+def batches(samples: list[dict], size: int) -> list[dict]:
+    """Consecutive samples stacked ``size`` at a time; samples of different shapes do not stack."""
+    out = []
+    for start in range(0, len(samples), size):
+        group = samples[start:start + size]
+        try:
+            out.append({n: np.concatenate([s[n] for s in group]) for n in group[0]})
+        except ValueError:
+            raise NpuforgeError(f"calibration samples {start} to {start + len(group) - 1} have different shapes; "
+                                f"give samples of one shape, or --batch-size 1") from None
+    return out
