@@ -1,10 +1,12 @@
-"""Model inputs that are not photos: a folder of ``.npy`` / ``.npz`` files.
+"""Model inputs that are not photos: a folder of ``.npy`` / ``.npz`` / ``.wav`` files.
 
 Each file holds one sample, or several along a leading batch dim: a ``.npy`` file the
 single input of a one-input model, a ``.npz`` file one array per input name. An
 array of the input's rank is a batch; one dim fewer, a single sample. Float arrays
-are cast to the input's float type, integer arrays (token ids) to its integer type;
-files are read in name order. Every fault is one line naming the file.
+are cast to the input's float type, integer arrays (token ids) to its integer type.
+A ``.wav`` file (PCM, 8 to 32 bits; channels averaged; not resampled) is one sample of
+a one-input audio model in [-1, 1), cut or zero-padded to the input's static length.
+Files are read in name order. Every fault is one line naming the file.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 from .errors import NpuforgeError
 from .ir import dtypes
 
-ARRAY_EXTENSIONS = (".npy", ".npz")
+ARRAY_EXTENSIONS = (".npy", ".npz", ".wav")
 
 
 def array_files(root) -> list[Path]:
@@ -27,7 +29,42 @@ def array_files(root) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in ARRAY_EXTENSIONS)
 
 
-def _load(path: Path, inputs: list[str]) -> dict:
+def read_wav(path: Path) -> np.ndarray:
+    """A PCM WAV file's samples, channels averaged, in [-1, 1) (float32 [n])."""
+    import wave
+
+    try:
+        with wave.open(str(path), "rb") as w:
+            width, channels, frames = w.getsampwidth(), w.getnchannels(), w.readframes(w.getnframes())
+    except (wave.Error, EOFError, OSError) as e:
+        raise NpuforgeError(f"{path}: not a PCM WAV file ({' '.join(str(e).split())[:120]}); write 8, 16, 24 or "
+                            f"32-bit PCM") from None
+    if width == 3:  # 24-bit: widen each sample to 32 bits
+        raw = np.frombuffer(frames, np.uint8).reshape(-1, 3)
+        ints = (np.pad(raw, ((0, 0), (1, 0))).view("<i4")[:, 0]).astype(np.float64) / 2.0**31
+    elif width == 1:  # unsigned 8-bit
+        ints = (np.frombuffer(frames, np.uint8).astype(np.float64) - 128) / 128
+    else:
+        ints = np.frombuffer(frames, {2: "<i2", 4: "<i4"}[width]).astype(np.float64) / 2.0 ** (8 * width - 1)
+    return ints.reshape(-1, channels).mean(axis=1).astype(np.float32)
+
+
+def _fit_audio(graph, name: str, audio: np.ndarray, path: Path) -> np.ndarray:
+    """One sample of input ``name`` (shape [N, L] or [N, 1, L], L static) from a waveform."""
+    shape = graph.values[name].shape
+    length = shape[-1]
+    if not isinstance(length, int) or any(d != 1 for d in shape[1:-1]):
+        raise NpuforgeError(f"{path}: a WAV file feeds an input of shape [N, L] or [N, 1, L] with a static length L; "
+                            f"'{name}' is {list(shape)} (fix L with --input-shape, or give .npy files)")
+    audio = audio[:length] if audio.size >= length else np.pad(audio, (0, length - audio.size))
+    return audio.reshape(tuple(shape[1:-1]) + (length,))
+
+
+def _load(path: Path, inputs: list[str], graph=None) -> dict:
+    if path.suffix.lower() == ".wav":
+        if len(inputs) != 1:
+            raise NpuforgeError(f"{path}: a WAV file feeds a one-input model; this one has inputs {', '.join(inputs)}")
+        return {inputs[0]: _fit_audio(graph, inputs[0], read_wav(path), path)}
     try:
         if path.suffix.lower() == ".npy":
             if len(inputs) != 1:
@@ -74,7 +111,7 @@ def read_samples(graph, files: list[Path], limit: int) -> list[dict]:
     """The first ``limit`` samples of ``files``, each {input name: array with a batch dim of 1}."""
     samples = []
     for path in files:
-        feeds = {n: _as_batch(graph, n, a, path) for n, a in _load(path, list(graph.inputs)).items()}
+        feeds = {n: _as_batch(graph, n, a, path) for n, a in _load(path, list(graph.inputs), graph).items()}
         counts = {len(a) for a in feeds.values()}
         if len(counts) != 1:
             raise NpuforgeError(f"{path}: its arrays hold different numbers of samples ({sorted(counts)})")

@@ -232,3 +232,43 @@ def test_quantize_calibrates_a_token_model_on_npy_and_npz_files(capsys, tmp_path
     code, _, err = run(capsys, "quantize", model, "--calib", tmp_path / "npy", "--num-calib", 8, "-o",
                        tmp_path / "bad.nfir")
     one_line_error(code, err, "c.npy", "[2, 7]")
+
+
+def _write_wav(path, samples: np.ndarray, width: int = 2, channels: int = 1, rate: int = 16000) -> None:
+    import wave
+
+    scaled = np.round(np.clip(samples, -1, 0.999) * 2.0 ** (8 * width - 1))
+    data = {1: (scaled + 128).astype(np.uint8), 2: scaled.astype("<i2"), 4: scaled.astype("<i4")}[width]
+    with wave.open(str(path), "wb") as w:
+        w.setsampwidth(width)
+        w.setnchannels(channels)
+        w.setframerate(rate)
+        w.writeframes(np.repeat(data, channels).tobytes())
+
+
+def test_wav_files_are_read_exactly_and_calibrate_an_audio_model(capsys, tmp_path):
+    """PCM WAV of 8, 16 and 32 bits (stereo averaged) read to [-1, 1); cut or padded to the input's
+    length; an audio model quantizes from a folder of them."""
+    from npuforge.arrays import read_wav
+
+    wave_ = np.sin(np.arange(800) / 7.0) * 0.8
+    for width in (1, 2, 4):
+        _write_wav(tmp_path / f"w{width}.wav", wave_, width, channels=2)
+        got = read_wav(tmp_path / f"w{width}.wav")
+        assert got.shape == (800,) and np.abs(got - wave_).max() <= 2.0 ** (1 - 8 * width) + 1e-6
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv1d(1, 4, 9, stride=4), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool1d(1),
+                              torch.nn.Flatten(), torch.nn.Linear(4, 2)).eval()
+    model = tmp_path / "audio.onnx"
+    npuforge.export_onnx(net, torch.zeros(1, 1, 1000), str(model))
+    (tmp_path / "clips").mkdir()
+    for i, n in enumerate((800, 1000, 1500)):  # shorter, equal, longer than the input
+        _write_wav(tmp_path / "clips" / f"{i}.wav", np.random.default_rng(i).uniform(-0.5, 0.5, n))
+    code, out, err = run(capsys, "quantize", model, "--calib", tmp_path / "clips", "--num-calib", 3, "-o",
+                         tmp_path / "q" / "audio.nfir", "--json")
+    assert code == 0, err
+    assert json.loads(out)["calibration_images"] == 3
+    (tmp_path / "clips" / "3.wav").write_bytes(b"RIFF....WAVEfmt ")
+    code, _, err = run(capsys, "quantize", model, "--calib", tmp_path / "clips", "--num-calib", 4, "-o",
+                       tmp_path / "bad.nfir")
+    one_line_error(code, err, "3.wav", "not a PCM WAV file")

@@ -31,7 +31,8 @@ def add_quantize_parser(sub) -> None:
                                                                   "ImageNet-style <wnid>_name.JPEG files), or "
                                                                   ".npy / .npz files of model inputs (token ids, "
                                                                   "audio, features: one sample or a batch each; "
-                                                                  ".npz: one array per input name)")
+                                                                  ".npz: one array per input name), or PCM .wav "
+                                                                  "files for an audio model")
     p.add_argument("--class-table", metavar="TSV", help="class table for flat folders (index, wnid, name)")
     p.add_argument("--num-calib", type=int, default=100, metavar="N",
                    help="calibration images (default 100; with class subfolders, taken from each class in turn)")
