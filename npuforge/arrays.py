@@ -133,3 +133,41 @@ def batches(samples: list[dict], size: int) -> list[dict]:
             raise NpuforgeError(f"calibration samples {start} to {start + len(group) - 1} have different shapes; "
                                 f"give samples of one shape, or --batch-size 1") from None
     return out
+
+
+class ArrayDataset:
+    """Labelled model inputs for ``npuforge eval``: one subfolder of .npy / .npz / .wav files per class
+    (classes in name order, as for photos). It quacks like :class:`~npuforge.zoo.data.ImageDataset`
+    for :func:`~npuforge.zoo.evaluate.evaluate_logits`: ``dataset[i]`` -> (one sample without its
+    batch dim, label, file)."""
+
+    layout = "arrays"
+
+    def __init__(self, root, graph, limit: int | None = None, skip: int = 0):
+        self.root = Path(root)
+        if len(graph.inputs) != 1:
+            raise NpuforgeError(f"{self.root}: evaluation feeds one-input models; this one has inputs "
+                                f"{', '.join(graph.inputs)}")
+        folders = sorted(d for d in self.root.iterdir() if d.is_dir() and array_files(d))
+        self.classes = [d.name for d in folders]
+        self.samples: list[tuple[np.ndarray, int, Path]] = []
+        for label, folder in enumerate(folders):
+            for path in array_files(folder):
+                for sample in read_samples(graph, [path], -1):
+                    self.samples.append((sample[graph.inputs[0]][0], label, path))
+        self.samples = self.samples[skip:]
+        if limit is not None:
+            self.samples = self.samples[:limit]
+        self.skipped: list = []
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        return self.samples[i]
+
+
+def labelled_array_folders(root) -> bool:
+    """Whether ``root`` holds class subfolders of input arrays (and so is evaluated as such)."""
+    root = Path(root)
+    return root.is_dir() and any(d.is_dir() and array_files(d) for d in root.iterdir())

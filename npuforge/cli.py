@@ -205,6 +205,7 @@ def cmd_eval(args) -> int:
         from .detection.cli import eval_detection
 
         return eval_detection(args)
+    from .arrays import ArrayDataset, labelled_array_folders
     from .distributed import Distributed
     from .workflow import batch_size_for, check_input_size, forward_of, resolve_model, stderr_log, transform_of
     from .zoo.data import ImageDataset
@@ -212,7 +213,8 @@ def cmd_eval(args) -> int:
 
     path = Path(args.model)
     onnx_file = path.suffix == ".onnx" and path.is_file()
-    if onnx_file and args.engine == "ort":
+    arrays = labelled_array_folders(args.data)  # class subfolders of .npy / .npz / .wav inputs, not photos
+    if onnx_file and args.engine == "ort" and not arrays:
         # run the file as it is (a QDQ model included); only its metadata is read here
         import onnx
 
@@ -238,7 +240,7 @@ def cmd_eval(args) -> int:
         forward = forward_of(graph, "ort", onnx_path=path)
     else:
         graph = resolve_model(args.model, args.preprocess, log=stderr_log,
-                              input_shapes=parse_input_shapes(args.input_shape))
+                              input_shapes=parse_input_shapes(args.input_shape), images=not arrays)
         check_input_size(graph, args.model)
         args.batch_size = batch_size_for(graph, args.batch_size, args.model, None if args.json else stderr_log)
         forward = forward_of(graph, args.engine, sim_engine=args.sim_engine)
@@ -252,7 +254,10 @@ def cmd_eval(args) -> int:
             raise NpuforgeError(f"{args.model}: its recorded class_table is not two equal lists of strings "
                                 f"(wnids, names); give --class-table FILE")
         table = ClassTable(tuple(ct["wnids"]), tuple(ct["names"]), source=args.model)
-    dataset = ImageDataset(args.data, table, limit=args.limit, skip=args.skip)
+    if arrays:
+        dataset = ArrayDataset(args.data, graph, limit=args.limit, skip=args.skip)
+    else:
+        dataset = ImageDataset(args.data, table, limit=args.limit, skip=args.skip)
     dist = Distributed.from_env("cpu")  # under torchrun: each process a consecutive share of the images
     dataset.samples = [dataset.samples[i] for i in dist.shard(len(dataset.samples))]
     if args.engine == "ort" and "quantization" in graph.metadata and not args.json:
@@ -260,7 +265,8 @@ def cmd_eval(args) -> int:
 
         if cpu_lacks_vnni() and not graph.metadata["quantization"]["config"].get("reduce_range"):
             stderr_log(ORT_VNNI_NOTE)
-    result = evaluate_logits(forward, dataset, transform_of(graph.metadata["preprocess"], args.model),
+    transform = (lambda sample: sample) if arrays else transform_of(graph.metadata["preprocess"], args.model)
+    result = evaluate_logits(forward, dataset, transform,
                              batch_size=args.batch_size, progress=not (args.quiet or args.json) and dist.main,
                              name=args.model, dist=dist)
     dist.close()
@@ -354,7 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "Runtime (--engine ort); an ONNX file with --engine ort runs as it is.")
     p.add_argument("model", help="a zoo name, an ONNX file (float or QDQ), a .tflite file (float or int8) or a saved "
                                  "IR (float or quantized)")
-    p.add_argument("--data", required=True, metavar="DIR", help="images (class subfolders or <wnid>_name files)")
+    p.add_argument("--data", required=True, metavar="DIR", help="images (class subfolders or <wnid>_name files), or "
+                                                                 "class subfolders of .npy / .npz / .wav model "
+                                                                 "inputs")
     p.add_argument("--class-table", metavar="TSV", help="class table for flat folders (index, wnid, name)")
     p.add_argument("--engine", default="npuforge", choices=("npuforge", "ort", "int"),
                    help="who computes (default npuforge); int: the integer simulator (fixed-point rounding; float "

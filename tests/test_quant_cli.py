@@ -228,6 +228,15 @@ def test_quantize_calibrates_a_token_model_on_npy_and_npz_files(capsys, tmp_path
         assert code == 0, err
         summary = json.loads(out)
         assert summary["calibration_images"] == count and summary["float_nodes"] == []
+    (tmp_path / "labelled").mkdir()  # eval: a subfolder of .npy samples per class
+    for cls in ("0", "1", "2"):
+        (tmp_path / "labelled" / cls).mkdir()
+        np.save(tmp_path / "labelled" / cls / "x.npy", rng.integers(0, 30, (3, 6)))
+    for target in (tmp_path / "npy.nfir", model):
+        code, out, err = run(capsys, "eval", target, "--data", tmp_path / "labelled", "--engine", "int"
+                             if target.suffix == ".nfir" else "npuforge", "--json")
+        assert code == 0, err
+        assert json.loads(out)["images"] == 9
     np.save(tmp_path / "npy" / "c.npy", rng.integers(0, 30, (2, 7)))
     code, _, err = run(capsys, "quantize", model, "--calib", tmp_path / "npy", "--num-calib", 8, "-o",
                        tmp_path / "bad.nfir")
@@ -268,6 +277,13 @@ def test_wav_files_are_read_exactly_and_calibrate_an_audio_model(capsys, tmp_pat
                          tmp_path / "q" / "audio.nfir", "--json")
     assert code == 0, err
     assert json.loads(out)["calibration_images"] == 3
+    for cls in ("yes", "no"):  # eval: a subfolder of clips per class
+        (tmp_path / "words" / cls).mkdir(parents=True)
+        _write_wav(tmp_path / "words" / cls / "a.wav", np.random.default_rng(len(cls)).uniform(-0.5, 0.5, 1000))
+    code, out, err = run(capsys, "eval", tmp_path / "q" / "audio.nfir", "--data", tmp_path / "words", "--engine",
+                         "int", "--json")
+    assert code == 0, err
+    assert json.loads(out)["images"] == 2
     (tmp_path / "clips" / "3.wav").write_bytes(b"RIFF....WAVEfmt ")
     code, _, err = run(capsys, "quantize", model, "--calib", tmp_path / "clips", "--num-calib", 4, "-o",
                        tmp_path / "bad.nfir")
