@@ -159,6 +159,26 @@ def test_prelu_on_a_signal_and_with_one_slope(shape, slopes):
     assert "PRELU" in op_names(model)
 
 
+class MaxMin(nn.Module):
+    """Max / Min of two activations, Min with a per-channel constant, a Clip with a computed floor."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 4, 1)
+        self.bound = nn.Parameter(torch.linspace(-0.5, 0.5, 4).reshape(1, 4, 1, 1), requires_grad=False)
+
+    def forward(self, x):
+        a, b = self.a(x), self.b(x)
+        both = torch.minimum(torch.maximum(a, b), self.bound)
+        return torch.clamp(both, min=both.amax() - 1.0)
+
+
+def test_max_min_and_computed_clip_as_maximum_minimum():
+    _, model = assert_bit_exact(MaxMin(), [(1, 3, 5, 6)])
+    ops = op_names(model)
+    assert ops.count("MAXIMUM") == 2 and ops.count("MINIMUM") == 1
+
+
 @pytest.mark.parametrize("shape,normalized", [((1, 5, 16), (16,)), ((2, 4, 12), (4, 12)), ((1, 3, 7, 8), (8,))])
 def test_layer_norm_as_builtins(shape, normalized):
     norm = nn.LayerNorm(normalized)

@@ -462,6 +462,42 @@ class _Exporter:
         self.op("MUL", [self.operand(node, 0), self.operand(node, 1)], [self.activation(node.outputs[0])],
                 "MulOptions", version=4 if yq.dtype == "int16" else 2, FusedActivationFunction=0)
 
+    def minmax(self, node):
+        """Max / Min of activations, and a Clip whose bounds are computed: MAXIMUM / MINIMUM, which
+        compare codes, so every operand must be on the output's grid (``--target tflite`` shares it;
+        npuforge's rule then requantizes by 1, i.e. compares the codes too). A constant operand is
+        its stored codes on that grid; a Clip is MAXIMUM with its low bound, then MINIMUM with its high."""
+        y = node.outputs[0]
+        yq, rank = self.qp(y), len(self.g.values[y].shape)
+
+        def operand(k: int) -> int:
+            name = node.inputs[k]
+            if f"input{k}" in node.quant:
+                codes = self.stored(node, f"input{k}").astype(np.int64)
+                codes = codes - 128 if self.g.values[y].quant.dtype == "uint8" else codes
+                if rank == 4 and codes.ndim:
+                    codes = codes.reshape((1,) * (4 - codes.ndim) + codes.shape).transpose(_NCHW_TO_NHWC)
+                return self.const(f"{node.name}::input{k}", codes, yq.dtype, self.quant(yq))
+            if not self.qp(name).same_as(yq):
+                _refuse(node, f"operand '{name}' is not on the output's grid, and MAXIMUM / MINIMUM compare codes "
+                              f"({self.remedy()})")
+            if len(self.g.values[name].shape) not in (0, rank):
+                _refuse(node, "operands of different rank")
+            return self.activation(name)
+
+        steps = [("MAXIMUM" if node.op == "Max" else "MINIMUM", k) for k in range(1, len(node.inputs))] \
+            if node.op != "Clip" else [(op, k) for op, k in (("MAXIMUM", 1), ("MINIMUM", 2))
+                                       if k < len(node.inputs) and node.inputs[k]]
+        current = operand(0)
+        for i, (op, k) in enumerate(steps):
+            out = self.activation(y) if i == len(steps) - 1 else self.new_tensor(f"{node.name}::{i}", self.shape(y), yq)
+            self.op(op, [current, operand(k)], [out], "MaximumMinimumOptions", version=2)
+            current = out
+
+    def clip(self, node):
+        computed = any(name and not self.g.values[name].is_const for name in node.inputs[1:3])
+        return self.minmax(node) if computed else self.activation_op(node)
+
     def mean(self, node):
         x = node.inputs[0]
         rank = len(self.dims(x))
@@ -711,7 +747,7 @@ class _Exporter:
     HANDLERS = {"Conv": conv, "ConvTranspose": conv_transpose, "Gemm": gemm, "MatMul": matmul, "Add": add, "Sub": add, "Mul": mul, "GlobalAveragePool": mean,
                 "ReduceMean": mean, "AveragePool": pool, "MaxPool": pool, "Flatten": reshape, "Reshape": reshape,
                 "Squeeze": reshape, "Unsqueeze": reshape, "Concat": concat, "Pad": pad, "Relu": activation_op,
-                "Clip": activation_op, "LeakyRelu": activation_op, "PRelu": prelu, "Sigmoid": activation_op, "Tanh": activation_op, "HardSwish": activation_op,
+                "Clip": clip, "Max": minmax, "Min": minmax, "LeakyRelu": activation_op, "PRelu": prelu, "Sigmoid": activation_op, "Tanh": activation_op, "HardSwish": activation_op,
                 "Resize": resize, "Softmax": softmax, "Transpose": transpose, "Slice": slice, "Split": split,
                 "Gather": lambda self, node: tensor_ops.gather(self, node),
                 "ReduceMax": lambda self, node: tensor_ops.reduce_select(self, node),
