@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from .errors import NpuforgeError
+from .errors import CheckError, NpuforgeError
 from .frontend.onnx_importer import import_onnx
 from .frontend.torch_frontend import export_onnx, from_torch
 from .ir.graph import Graph, Node, Value
@@ -45,13 +45,16 @@ def load(path, input_shapes: dict | None = None) -> Graph:
 
     path = Path(path)
     if not path.is_file():
-        raise NpuforgeError(f"{path}: no such file")
+        raise NpuforgeError(f"{path}: {'not a regular file' if path.exists() else 'no such file'}")
     with open(path, "rb") as f:
         head = f.read(max(len(MAGIC), 8))
     if head[:len(MAGIC)] == MAGIC.encode():
         refuse_input_shapes_for_ir(path, input_shapes)
         graph = textio.load(path)
-        graph.check()
+        try:
+            graph.check()
+        except CheckError as e:  # named by the file: a saved IR edited by hand, or from another version
+            raise CheckError([f"{path}: {p}" for p in e.problems]) from None
         return graph
     if head[4:8] == b"TFL3" or path.suffix.lower() == ".tflite":
         if input_shapes:

@@ -199,9 +199,8 @@ def get_op(name: str, where: str = "") -> Op:
     _load_all()
     if name not in _REGISTRY:
         prefix = f"{where}: " if where else ""
-        raise UnsupportedError(
-            f"{prefix}op '{name}' is not supported; supported ops: {', '.join(sorted(_REGISTRY))}"
-        )
+        raise UnsupportedError(f"{prefix}op '{name}' is not supported; `npuforge ops` lists the {len(_REGISTRY)} "
+                               f"supported ops")
     return _REGISTRY[name]
 
 
