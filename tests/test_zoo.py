@@ -506,6 +506,16 @@ def test_cli_export(capsys, tmp_path):
     assert out_path.is_file() and "max abs diff" in out and sorted(p.name for p in tmp_path.iterdir()) == ["mnv2.onnx"]
     graph = npuforge.load(out_path)
     assert list(graph.values[graph.inputs[0]].shape)[1:] == [3, 224, 224]
+    # its preprocessing travels in the file: quantize and eval read it back, no ImageNet fallback
+    assert graph.metadata["preprocess"]["source"] == "zoo:mobilenet_v2"
+    assert graph.metadata["preprocess"]["crop_size"] == [224, 224]
+    small = tmp_path / "small.onnx"
+    rc, _, err = run_cli(capsys, "zoo", "export", "efficientnet_lite0", "--no-pretrained", "--image-size", "160",
+                         "--output", str(small))
+    assert rc == 0, err
+    pre, config = npuforge.load(small).metadata["preprocess"], get_config("efficientnet_lite0")
+    assert pre["crop_size"] == [160, 160]
+    assert pre["resize_size"] == round(config.resize_size * 160 / max(config.crop_size))
 
 
 def test_cli_predict_and_eval_on_shared_sample(capsys):

@@ -161,6 +161,11 @@ def cmd_export(args) -> int:
     try:
         if outputs is None:
             export_onnx(model, example, tmp, opset=args.opset)
+            record = {"preprocess": getattr(model, "run_preprocess", None) or _classifier_preprocess(model, h, w)}
+            table = getattr(model, "run_classes", None)  # a training run's classes
+            if table is not None:
+                record["class_table"] = {"wnids": list(table.wnids), "names": list(table.names)}
+            _record(tmp, record)
         else:
             export_onnx(model, example, tmp, opset=args.opset, input_names=("images",), output_names=outputs)
             _record_detector(tmp, model, args.name)
@@ -188,11 +193,32 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _classifier_preprocess(model, h: int, w: int) -> dict:
+    """The zoo model's preprocessing at the exported size (the crop's margin kept in proportion)."""
+    from ..workflow import preprocess_of
+
+    pre = preprocess_of(model.zoo_config)
+    crop = pre["crop_size"]
+    if [h, w] != list(crop):
+        pre["resize_size"] = int(round(pre["resize_size"] * max(h, w) / max(crop)))
+        pre["crop_size"] = [h, w]
+    return pre
+
+
+def _record(path, record: dict) -> None:
+    """``record`` as the ONNX file's ``npuforge`` metadata, which npuforge's importer reads into the
+    graph's metadata (quantize and eval then preprocess as the zoo model does)."""
+    import onnx
+
+    proto = onnx.load(path)
+    del proto.metadata_props[:]
+    proto.metadata_props.add(key="npuforge", value=json.dumps(record))
+    onnx.save(proto, path)
+
+
 def _record_detector(path, model, name: str) -> None:
     """Write the detector's record (classes, input size, preprocessing, outputs) into the ONNX file's
     ``npuforge`` metadata, which npuforge's importer reads into the graph's metadata."""
-    import onnx
-
     from ..workflow import preprocess_of
 
     h, w = model.image_size
@@ -200,14 +226,10 @@ def _record_detector(path, model, name: str) -> None:
                                                              "crop_size": [h, w], "resize_size": h, "fit": "resize"}
     table = getattr(model, "run_classes", None)
     classes = list(table.names) if table is not None else [str(k) for k in range(model.num_classes)]
-    proto = onnx.load(path)
-    record = {"preprocess": preprocess,
-              "dense_detector": {"model": model.zoo_name, "source": name, "classes": classes,
-                                 "category_ids": getattr(model, "run_category_ids", None),
-                                 "input_size": [h, w], "outputs": list(model.output_names)}}
-    del proto.metadata_props[:]
-    proto.metadata_props.add(key="npuforge", value=json.dumps(record))
-    onnx.save(proto, path)
+    _record(path, {"preprocess": preprocess,
+                   "dense_detector": {"model": model.zoo_name, "source": name, "classes": classes,
+                                      "category_ids": getattr(model, "run_category_ids", None),
+                                      "input_size": [h, w], "outputs": list(model.output_names)}})
 
 
 def cmd_predict(args) -> int:
