@@ -336,3 +336,35 @@ def test_adaround_and_bias_correction_handle_conv_transpose_and_matmul():
     assert meta["adaround"]["layers"] == 2 and meta["bias_correction"]["corrected"] == 1  # the MatMul has no bias
     x = calib[0]
     assert sqnr(run(g, x), run_fake_quant(q, {q.inputs[0]: x})[q.outputs[0]]) > 25
+
+
+class _FixedBatchNet(torch.nn.Module):
+    """A head that reshapes to [1, -1], as exported files with batch 1 often do."""
+
+    def __init__(self, fixed: bool):
+        super().__init__()
+        self.conv, self.fc, self.fixed = torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(4 * 4 * 4, 5), fixed
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return self.fc(y.reshape(1 if self.fixed else -1, 4 * 4 * 4))
+
+
+def test_bias_correction_and_adaround_on_a_model_that_fixes_its_batch_at_1():
+    """The layer-wise passes run each op on one image at a time where the model fixes its batch (they
+    ran every image as one batch, which a Reshape to [1, -1] refuses): same result as the same model
+    with a dynamic batch."""
+    torch.manual_seed(0)
+    dynamic = _FixedBatchNet(False).eval()
+    fixed = _FixedBatchNet(True).eval()
+    fixed.load_state_dict(dynamic.state_dict())
+    graphs = [npuforge.from_torch(net, torch.zeros(1, 3, 6, 6), dynamic_batch=net is dynamic)
+              for net in (dynamic, fixed)]
+    assert [g.values[g.inputs[0]].shape[0] for g in graphs] == ["N", 1]
+    calib = [np.random.default_rng(k).standard_normal((1, 3, 6, 6)).astype(np.float32) for k in range(5)]
+    config = {"bias_correction": True, "adaround": True, "adaround_iters": 20}
+    results = [npuforge.quantize(g, calib, config, log=lambda m: None) for g in graphs]
+    assert results[1].metadata["quantization"]["bias_correction"]["corrected"] == 2
+    for a, b in zip(*(sorted((n.name, v) for n in q.nodes for k, v in n.quant.items() if k in ("weight", "bias"))
+                      for q in results)):
+        np.testing.assert_array_equal(results[0].values[a[1]].data, results[1].values[b[1]].data)

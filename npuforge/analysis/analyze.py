@@ -124,12 +124,6 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
     lap("fixes")
 
     remedy_rows = []
-    if fixed is not None and fixed < sum(len(b) for b in calib_batches):
-        layerwise = [steps for steps in remedies if {"bias_correction", "adaround"} & set(steps)]
-        for steps in layerwise:
-            log(f"note: whole-model remedy {' + '.join(steps)} skipped: it runs every calibration image as one "
-                f"batch and the model fixes its batch at {fixed}")
-        remedies = [steps for steps in remedies if steps not in layerwise]
     for steps in remedies:
         log(f"whole-model remedy: {' + '.join(steps)}")
         remedy_rows.append(_remedy(opt, calib_batches, config, steps, ev, int8))

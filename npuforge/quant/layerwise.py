@@ -5,7 +5,10 @@ the quantized network, with every earlier layer's change already in place.
 The float network and the fake-quantized network run side by side, node by
 node (node-major, so a change to node k is seen by node k + 1). Memory grows
 with the number of images: about 1 GB per 100 images at 224x224 for
-EfficientNet-Lite0 (two copies of the largest activations).
+EfficientNet-Lite0 (two copies of the largest activations). A model that fixes
+its batch (most exported files: 1) has each op run on that many images at a
+time, the activations joined again, so shape constants such as a Reshape's
+``[1, -1]`` hold.
 """
 
 from __future__ import annotations
@@ -69,14 +72,18 @@ def run_layerwise(graph, feeds: list[dict], nodes: set, visit, progress=None) ->
     constants (weights, bias and their integer forms), which the quantized
     side then uses. ``progress(done, total)`` follows the visited nodes.
     """
-    inputs = {name: np.concatenate([f[name] for f in feeds]) for name in graph.inputs}
-    if fixed_batch(graph) not in (None, len(inputs[graph.inputs[0]])):
-        raise NpuforgeError(f"bias correction and AdaRound run all {len(inputs[graph.inputs[0]])} calibration images "
-                            f"as one batch, but the model fixes its batch at {fixed_batch(graph)}: re-export it with "
-                            f"a dynamic batch dim")
-    env_f = check_feeds(graph, inputs)
+    from .calibrate import split_to_fixed_batch  # (calibrate imports this module)
+
+    fixed = fixed_batch(graph)
+    checked = [check_feeds(graph, part) for f in feeds for part in split_to_fixed_batch(graph, f)]
+    env_f = {name: torch.cat([c[name] for c in checked]) for name in graph.inputs}
+    total = len(env_f[graph.inputs[0]])
+    if fixed is not None and total % fixed:
+        raise NpuforgeError(f"bias correction and AdaRound run the {total} calibration images in batches of "
+                            f"{fixed}, the model's fixed batch: give a multiple of {fixed} images")
     env_q = {name: graph.values[name].quant.fake_quant(t) if graph.values[name].quant is not None else t
              for name, t in env_f.items()}
+    forward = _in_batches(fixed, total)
     last_use = last_uses(graph)
     keep = set(graph.outputs)
     done = 0
@@ -89,19 +96,36 @@ def run_layerwise(graph, feeds: list[dict], nodes: set, visit, progress=None) ->
         for index, node in enumerate(graph.nodes):
             op = get_op(node.op)
             xs_f = gather(env_f, node, False)
+            batched = [bool(n) and n in env_f for n in node.inputs]  # activations carry the batch
             if node.name in nodes:
-                pre_f = op.forward(without_activation(node), xs_f)[0]
+                pre_f = forward(op, without_activation(node), xs_f, batched)[0]
                 visit(node, xs_f, gather(env_q, node, True), pre_f)
                 ys_f = [apply_fused(node, pre_f)]
                 done += 1
                 if progress is not None:
                     progress(done, len(nodes))
             else:
-                ys_f = op.forward(node, xs_f)
-            ys_q = op.forward(node, gather(env_q, node, True))
+                ys_f = forward(op, node, xs_f, batched)
+            ys_q = forward(op, node, gather(env_q, node, True), batched)
             for name, yf, yq in zip(node.outputs, ys_f, ys_q):
                 p = graph.values[name].quant
                 env_f[name], env_q[name] = yf, (p.fake_quant(yq) if p is not None else yq)
             for name in set(node.inputs):
                 if name and last_use.get(name) == index and name not in keep and name in env_f:
                     del env_f[name], env_q[name]
+
+
+def _in_batches(fixed: int | None, total: int):
+    """``forward(op, node, xs, batched)``: the op on all ``total`` images at once, or, for a model that
+    fixes its batch (a TFLite import's 1, a Reshape to [1, ...]), on each run of ``fixed`` images of
+    the activations (``batched``; constants whole), the outputs joined again."""
+    def forward(op, node, xs, batched):
+        if fixed is None or fixed == total:
+            return op.forward(node, xs)
+        parts = []
+        for start in range(0, total, fixed):
+            parts.append(op.forward(node, [x[start:start + fixed] if flag and x.dim() and x.shape[0] == total else x
+                                           for x, flag in zip(xs, batched)]))
+        return [torch.cat(outs) for outs in zip(*parts)]
+
+    return forward
