@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .errors import CheckError, NpuforgeError
 from .outputs import Planned, add_force_option, check_outputs, input_files
+from .workflow import add_preprocess_options
 
 
 def parse_input_shapes(specs: list[str] | None) -> dict:
@@ -207,7 +208,8 @@ def cmd_eval(args) -> int:
         return eval_detection(args)
     from .arrays import ArrayDataset, labelled_array_folders
     from .distributed import Distributed
-    from .workflow import batch_size_for, check_input_size, forward_of, resolve_model, stderr_log, transform_of
+    from .workflow import (batch_size_for, check_input_size, forward_of, preprocess_overrides, resolve_model,
+                           stderr_log, transform_of)
     from .zoo.data import ImageDataset
     from .zoo.evaluate import evaluate_logits
 
@@ -240,7 +242,8 @@ def cmd_eval(args) -> int:
         forward = forward_of(graph, "ort", onnx_path=path)
     else:
         graph = resolve_model(args.model, args.preprocess, log=stderr_log,
-                              input_shapes=parse_input_shapes(args.input_shape), images=not arrays)
+                              input_shapes=parse_input_shapes(args.input_shape), images=not arrays,
+                              overrides=preprocess_overrides(args))
         check_input_size(graph, args.model)
         args.batch_size = batch_size_for(graph, args.batch_size, args.model, None if args.json else stderr_log)
         forward = forward_of(graph, args.engine, sim_engine=args.sim_engine)
@@ -373,6 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, metavar="N", help="evaluate at most N images")
     p.add_argument("--batch-size", type=int, default=25, help="batch size (default 25)")
     p.add_argument("--preprocess", metavar="ZOO_MODEL", help="this zoo model's preprocessing (for ONNX files)")
+    add_preprocess_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (top1, top5, images, ...)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--task", choices=("classification", "detection"), default="classification",

@@ -95,10 +95,47 @@ def run_graph(state: dict, path):
     return graph
 
 
+def add_preprocess_options(p) -> None:
+    """--mean / --std / --input-range / --size: the preprocessing of an image model that is not a zoo
+    model and records none (or replacing what it records); the quantized IR records the result."""
+    from .argtypes import image_size, numbers
+
+    p.add_argument("--mean", type=numbers(3, "three numbers R,G,B"), metavar="R,G,B",
+                   help="per-channel mean subtracted from pixels in 0..255 (default ImageNet's 123.675,116.28,103.53)")
+    p.add_argument("--std", type=numbers(3, "three numbers R,G,B", lambda v: all(x > 0 for x in v), "must be positive"),
+                   metavar="R,G,B", help="per-channel divisor after the mean (default ImageNet's 58.395,57.12,57.375)")
+    p.add_argument("--input-range", type=numbers(2, "two numbers LO,HI", lambda v: v[0] < v[1], "needs LO < HI"),
+                   metavar="LO,HI", help="instead of --mean / --std: pixels 0..255 mapped linearly onto [LO, HI] "
+                                         "(--input-range=-1,1 with '=' for a negative LO, or 0,1)")
+    p.add_argument("--size", type=image_size, metavar="H[,W]",
+                   help="the model's input size (default: its static input size): the short side resized to "
+                        "size / 0.875, then the centre cropped to it")
+
+
+def preprocess_overrides(args) -> dict:
+    """The preprocessing fields --mean / --std / --input-range / --size set ({} when none is given)."""
+    from .errors import NpuforgeError
+
+    out = {}
+    if getattr(args, "input_range", None) is not None:
+        if args.mean is not None or args.std is not None:
+            raise NpuforgeError("--input-range sets the mean and std itself; give it or --mean / --std, not both")
+        lo, hi = args.input_range
+        out["mean"], out["std"] = [-lo * 255 / (hi - lo)] * 3, [255 / (hi - lo)] * 3
+    for key in ("mean", "std"):
+        if getattr(args, key, None) is not None:
+            out[key] = list(getattr(args, key))
+    if getattr(args, "size", None) is not None:
+        out["crop_size"] = list(args.size)
+        out["resize_size"] = int(round(max(args.size) / 0.875))
+    return out
+
+
 def resolve_model(spec: str, preprocess: str | None = None, log=None, input_shapes: dict | None = None,
-                  images: bool = True):
+                  images: bool = True, overrides: dict | None = None):
     """MODEL argument -> Graph with metadata["preprocess"] set (``images=False``: fed arrays, not
-    photos; a model that records no preprocessing gets none)."""
+    photos; a model that records no preprocessing gets none). ``overrides``
+    (:func:`preprocess_overrides`) replace fields of the record, or of ImageNet's defaults."""
     from . import load
     from .zoo import get_config, list_models
 
@@ -132,16 +169,20 @@ def resolve_model(spec: str, preprocess: str | None = None, log=None, input_shap
         return graph
     elif "preprocess" not in graph.metadata:
         shape = graph.values[graph.inputs[0]].shape
-        if len(shape) != 4 or not all(isinstance(d, int) for d in shape[2:]):
+        sized = "crop_size" in (overrides or {})
+        if len(shape) != 4 or not (sized or all(isinstance(d, int) for d in shape[2:])):
             raise NpuforgeError(f"{spec}: input shape {list(shape)} is not an image batch [N, 3, H, W] with a "
-                                f"static size; give --preprocess ZOO_MODEL")
-        crop = (shape[2], shape[3])
+                                f"static size; give --preprocess ZOO_MODEL, or --size H,W")
+        crop = tuple(overrides["crop_size"]) if sized else (shape[2], shape[3])
         graph.metadata["preprocess"] = {"resize_size": int(round(max(crop) / 0.875)), "crop_size": list(crop),
                                         "interpolation": "bilinear", "mean": [123.675, 116.28, 103.53],
                                         "std": [58.395, 57.12, 57.375], "source": "default ImageNet"}
-        if log:
+        if log and not {"mean", "std"} <= set(overrides or {}):
             log(f"note: {spec} records no preprocessing; using ImageNet defaults (resize {crop[0] / 0.875:.0f}, "
-                f"crop {crop[0]}x{crop[1]}, mean/std of ImageNet); --preprocess ZOO_MODEL picks another")
+                f"crop {crop[0]}x{crop[1]}, mean/std of ImageNet); --preprocess ZOO_MODEL, or --mean / --std "
+                f"(--input-range) and --size, pick others")
+    if overrides:
+        graph.metadata["preprocess"] = {**graph.metadata["preprocess"], **overrides, "source": "options"}
     transform_of(graph.metadata["preprocess"], spec)  # checked before an image is resized to it
     return graph
 

@@ -289,3 +289,21 @@ def test_wav_files_are_read_exactly_and_calibrate_an_audio_model(capsys, tmp_pat
     code, _, err = run(capsys, "quantize", model, "--calib", tmp_path / "clips", "--num-calib", 4, "-o",
                        tmp_path / "bad.nfir")
     one_line_error(code, err, "3.wav", "not a PCM WAV file")
+
+
+def test_preprocessing_options_are_recorded_in_the_quantized_ir(capsys, tiny_model, images, tmp_path):
+    """--input-range / --mean / --std and --size for an ONNX file that records no preprocessing: no
+    ImageNet-defaults note, and the quantized IR carries them (eval reads them back)."""
+    out = tmp_path / "q" / "tiny.nfir"
+    code, _, err = run(capsys, "quantize", tiny_model, "--calib", images, "--num-calib", 4, "--input-range=-1,1",
+                       "--size", 32, "-o", out)
+    assert code == 0, err
+    assert "records no preprocessing" not in err
+    pre = npuforge.load(out).metadata["preprocess"]
+    assert pre["source"] == "options" and pre["crop_size"] == [32, 32] and pre["resize_size"] == 37
+    assert pre["mean"] == [127.5] * 3 and pre["std"] == [127.5] * 3
+    code, _, err = run(capsys, "eval", out, "--data", images, "--json")
+    assert code == 0 and "records no preprocessing" not in err
+    code, _, err = run(capsys, "quantize", tiny_model, "--calib", images, "--input-range", "0,1", "--mean", "1,2,3",
+                       "-o", tmp_path / "bad.nfir")
+    one_line_error(code, err, "--input-range", "--mean")

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from ..errors import NpuforgeError
+from ..workflow import add_preprocess_options
 
 
 def add_analyze_parser(sub) -> None:
@@ -51,6 +52,7 @@ def add_analyze_parser(sub) -> None:
     p.add_argument("--report", metavar="HTML", help="write a self-contained HTML report")
     p.add_argument("--top", type=int, default=15, metavar="N", help="rows of the ranked table (default 15)")
     p.add_argument("--preprocess", metavar="ZOO_MODEL", help="use this zoo model's preprocessing for an ONNX file")
+    add_preprocess_options(p)
     p.add_argument("--batch-size", type=int, default=25, help="batch size for loading images (default 25)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (one entry per layer)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress messages")
@@ -105,7 +107,7 @@ def _remedies(text: str) -> tuple:
 def cmd_analyze(args) -> int:
     from ..quant.config import QuantConfig
     from ..cli import parse_input_shapes
-    from ..workflow import batch_size_for, resolve_model, stderr_log, transform_of
+    from ..workflow import batch_size_for, preprocess_overrides, resolve_model, stderr_log, transform_of
     from ..zoo.data import ImageDataset
     from .analyze import analyze
     from .text import format_table
@@ -116,7 +118,7 @@ def cmd_analyze(args) -> int:
     config = QuantConfig(method=args.method, granularity=args.granularity, activation_dtype=args.activation_dtype,
                          symmetric=args.symmetric)
     graph = resolve_model(args.model, args.preprocess, log=stderr_log,
-                          input_shapes=parse_input_shapes(args.input_shape))
+                          input_shapes=parse_input_shapes(args.input_shape), overrides=preprocess_overrides(args))
     if any(v.quant is not None for v in graph.values.values()):
         raise NpuforgeError(f"{args.model}: already quantized; analyze takes the float model")
     transform = transform_of(graph.metadata["preprocess"])

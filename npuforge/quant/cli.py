@@ -13,6 +13,7 @@ from pathlib import Path
 from ..errors import NpuforgeError
 from ..argtypes import positive_int
 from ..outputs import ir_set
+from ..workflow import add_preprocess_options
 from .config import ACTIVATION_DTYPES, GRANULARITIES, QuantConfig
 from .observers import METHODS
 
@@ -96,6 +97,7 @@ def add_quantize_parser(sub) -> None:
                         "calibration images and starts from the better of the first two recipes there)")
     p.add_argument("--strict", action="store_true", help="an op with no quantization rule is an error")
     p.add_argument("--preprocess", metavar="ZOO_MODEL", help="use this zoo model's preprocessing for an ONNX file")
+    add_preprocess_options(p)
     p.add_argument("--batch-size", type=int, default=25, help="calibration batch size (default 25)")
     p.add_argument("--output", "-o", required=True, metavar="OUT", help="the quantized IR to write (e.g. q.nfir)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -158,7 +160,7 @@ def cmd_quantize(args) -> int:
     from ..arrays import array_files, batches as array_batches, read_samples
     from ..cli import parse_input_shapes
     from ..distributed import Distributed
-    from ..workflow import check_input_size, resolve_model, stderr_log, transform_of
+    from ..workflow import check_input_size, preprocess_overrides, resolve_model, stderr_log, transform_of
     from ..zoo.data import ImageDataset, iter_batches
     from .quantize import quantize
 
@@ -181,7 +183,7 @@ def cmd_quantize(args) -> int:
     log = stderr_log
     files = array_files(args.calib)  # .npy / .npz samples (token ids, audio, features) instead of photos
     graph = resolve_model(args.model, args.preprocess, log=log, input_shapes=parse_input_shapes(args.input_shape),
-                          images=not files)
+                          images=not files, overrides=preprocess_overrides(args))
     check_input_size(graph, args.model)
     for option, names in (("--int16", config.int16), ("--keep-float", config.keep_float)):
         unknown = sorted(set(names) - {n.name for n in graph.nodes} - set(graph.values))
