@@ -1,6 +1,6 @@
 """BlazeFace end to end: FP32 detections against int8 ones, with float and with integer NMS.
 
-    .venv/bin/python benchmarks/blazeface_detect.py [--num-calib 64] [--scan 200]
+    .venv/bin/python benchmarks/blazeface_detect.py [--num-calib 64] [--scan 200] [--detectors NAME,...] [--only-tflite]
 
 For each MediaPipe detector (short and full range) as one npuforge graph (network, box decoding,
 sigmoid, NonMaxSuppression; npuforge/detection/blazeface.py): quantize it per channel and per
@@ -64,10 +64,14 @@ def main() -> int:
     ap.add_argument("--num-calib", type=int, default=64)
     ap.add_argument("--scan", type=int, default=200, help="shared photos after the calibration ones to scan")
     ap.add_argument("--data", default=str(DATA))
+    ap.add_argument("--detectors", default=",".join(DETECTORS), help="comma-separated (default: both)")
+    ap.add_argument("--only-tflite", action="store_true", help="only the --target tflite variant")
     args = ap.parse_args()
     photos = sorted(Path(args.data).glob("*.JPEG"))
     tmp = Path(tempfile.mkdtemp())
     for name, spec in DETECTORS.items():
+        if name not in args.detectors.split(","):
+            continue
         g = detector_graph(name)
         size = spec.size
         calib = [preprocess(Image.open(p), size)[0] for p in photos[:args.num_calib]]
@@ -92,6 +96,8 @@ def main() -> int:
               f"{'int = fake-quant':>18}{'faces':>7}")
         variants = [(gr, nms, bits) for gr in ("per-channel", "per-tensor") for nms, bits in
                     (("float", 8), ("integer", 8), ("integer", 16))] + [("per-channel", "float", "tflite")]
+        if args.only_tflite:
+            variants = variants[-1:]
         for granularity, nms, bits in variants:
             keep = ["detect/NonMaxSuppression"] if nms == "float" else []
             int16 = g.metadata["detector"]["int16"] if bits != 8 else []
