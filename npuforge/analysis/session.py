@@ -129,7 +129,7 @@ class Calibration:
         graph = copy.deepcopy(self.graph)
         plan = make_plan(graph, config)
         wide = apply_parameters(graph, plan, self.observers(config.method, methods), config, log=lambda m: None)
-        record(graph, config, plan, self.images, self.seconds, wide, steps={})
+        record(graph, config, plan, self.images, wide, steps={})
         if methods:
             graph.metadata["quantization"]["observer_overrides"] = dict(sorted(methods.items()))
         graph.check()

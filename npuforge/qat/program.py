@@ -271,7 +271,7 @@ class QATProgram(torch.nn.Module):
             observers = {n: _Scaled(o, factors[self.group_of[self.plan.find(n)]])
                          if self.plan.find(n) in self.group_of else o for n, o in observers.items()}
         wide = apply_parameters(graph, self.plan, observers, self.config, log or (lambda m: None))
-        record(graph, self.config, self.plan, self.images, self.seconds, wide, {})
+        record(graph, self.config, self.plan, self.images, wide, {})
         self._cache = (versions, graph)
         return graph
 

@@ -463,8 +463,7 @@ def calibrated_plan(graph, data, config: QuantConfig, *, progress=None, log=None
     return plan, observers, images, seconds
 
 
-def record(graph, config: QuantConfig, plan: Plan, images: int, seconds: float, wide_concats: list,
-           steps: dict) -> None:
+def record(graph, config: QuantConfig, plan: Plan, images: int, wide_concats: list, steps: dict) -> None:
     """The quantization record in ``graph.metadata`` (what eval, analyze and the exports report). It
     holds no time taken: the same model, data and options give the same bytes, in one process or
     sharded over several."""
@@ -507,7 +506,7 @@ def quantize(model, data, config=None, *, optimize: bool = True, progress=None, 
             raise NpuforgeError("bias correction and AdaRound run layer by layer on every calibration image in one "
                                 "process; run them without torchrun")
         data = [as_feeds(graph, batch) for batch in data]  # read again after calibration
-    plan, observers, images, seconds = calibrated_plan(graph, data, config, progress=progress, log=log, gather=gather)
+    plan, observers, images, _ = calibrated_plan(graph, data, config, progress=progress, log=log, gather=gather)
     wide_concats = apply_parameters(graph, plan, observers, config, log)
     compute = {name for name, kind in plan.kinds.items() if kind == "compute"}
     if config.adaround:
@@ -517,6 +516,6 @@ def quantize(model, data, config=None, *, optimize: bool = True, progress=None, 
         _step(steps, "bias_correction", layer_progress, correct_bias, graph, data, compute)
     if config.ort_multipliers:  # last: it depends on the final weights and biases
         _step(steps, "ort_multipliers", None, match_multipliers, graph, compute)
-    record(graph, config, plan, images, seconds, wide_concats, steps)
+    record(graph, config, plan, images, wide_concats, steps)
     graph.check()
     return graph
