@@ -300,3 +300,20 @@ def test_a_preprocessing_of_the_wrong_size_is_one_line(tmp_path, capsys):
         assert "is [1, 3, 192, 192] but the preprocessing (zoo:efficientnet_lite0) makes 224x224" in err, err
         assert "\n" not in err
     assert not (tmp_path / "q.nfir").exists()
+
+
+@needs_blazeface
+def test_target_tflite_keeps_the_box_path_int16_before_a_float_nms():
+    """--target tflite with NonMaxSuppression kept in float: the float NMS reads the boxes dequantized
+    (TFLite's DEQUANTIZE takes int16), so it does not push the whole box path back to 8 bits."""
+    import npuforge
+    from npuforge.detection.blazeface import DETECTORS, detector_graph
+
+    g = detector_graph("face_detection_short_range")
+    size = DETECTORS["face_detection_short_range"].size
+    calib = [np.random.default_rng(k).uniform(-1, 1, (1, 3, size, size)).astype(np.float32) for k in range(2)]
+    hint = g.metadata["detector"]["int16"]
+    q = npuforge.quantize(g, calib, {"keep_float": ["detect/NonMaxSuppression"], "int16": hint, "target": "tflite"},
+                          log=lambda m: None)
+    assert all(q.values[h].quant.dtype == "int16" for h in hint if q.values[h].quant is not None)
+    assert q.values["boxes"].quant.dtype == "int16"

@@ -19,7 +19,8 @@ compute what the simulator computes, measured against its reference kernels
   as int16 codes ``c - zp``, zero point 0: the same products and sums). LiteRT's int16 MUL is its
   int8 arithmetic; its int16 ADD / SUB (general scales, ``pot_scale_int16`` false) shift the
   operands by 15 bits instead of 20 (:func:`add_multipliers_16`);
-* graph outputs (int16 in the file).
+* graph outputs (int16 in the file), and nodes kept in float (they read the value dequantized: a
+  detector's float NonMaxSuppression after its int16 boxes).
 
 A widened group with any other producer or reader (an int16 input to a convolution, an Add of an
 int8 and an int16 value, a MEAN: no 16x8 kernel computes npuforge's integers there) stays in
@@ -72,6 +73,7 @@ def writable_groups(graph, plan, wide_names: set, log) -> set:
     for name in plan.activations:
         groups.setdefault(plan.find(name), []).append(name)
     kind = lambda n: plan.kinds.get(n.name) or get_op(n.op).quant_kind(n, graph)  # noqa: E731
+    kept_float = {n.name for n, _ in plan.kept_float}
     wide = {root for root, names in groups.items()
             if any(n in wide_names or (n in producer and producer[n].name in wide_names) for n in names)}
 
@@ -98,6 +100,8 @@ def writable_groups(graph, plan, wide_names: set, log) -> set:
                                   (kind(p) == "compute" and plan.find(p.inputs[0]) in wide)):
                 return p
             for r in readers.get(name, []):
+                if r.name in kept_float:  # it reads the value dequantized (TFLite's DEQUANTIZE takes int16)
+                    continue
                 if kind(r) not in WIDE_READERS + ("lut", "elementwise") or (kind(r) == "elementwise" and not all_wide(r)):
                     return r
         return None
