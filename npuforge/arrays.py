@@ -22,7 +22,7 @@ ARRAY_EXTENSIONS = (".npy", ".npz", ".wav")
 
 
 def array_files(root) -> list[Path]:
-    """The .npy / .npz files of a folder, in name order (empty if there are none)."""
+    """The .npy / .npz / .wav files of a folder, in name order (empty if there are none)."""
     root = Path(root)
     if not root.is_dir():
         return []
@@ -39,6 +39,9 @@ def read_wav(path: Path) -> np.ndarray:
     except (wave.Error, EOFError, OSError) as e:
         raise NpuforgeError(f"{path}: not a PCM WAV file ({' '.join(str(e).split())[:120]}); write 8, 16, 24 or "
                             f"32-bit PCM") from None
+    if width not in (1, 2, 3, 4) or channels < 1:
+        raise NpuforgeError(f"{path}: {8 * width}-bit samples in {channels} channel(s); write 8, 16, 24 or 32-bit PCM")
+    frames = frames[:len(frames) // (width * channels) * width * channels]  # (a truncated last frame: dropped)
     if width == 3:  # 24-bit: widen each sample to 32 bits
         raw = np.frombuffer(frames, np.uint8).reshape(-1, 3)
         ints = (np.pad(raw, ((0, 0), (1, 0))).view("<i4")[:, 0]).astype(np.float64) / 2.0**31
