@@ -29,7 +29,7 @@ def preprocess_of(config) -> dict:
 def transform_of(preprocess: dict, where: str = "the model"):
     """The image transform a preprocessing record describes; a malformed record (read from a file)
     is one line naming ``where``."""
-    from .zoo.transforms import EvalTransform, LetterboxTransform, ResizeTransform, preprocess_problem
+    from .zoo.transforms import ChannelsLast, EvalTransform, LetterboxTransform, ResizeTransform, preprocess_problem
 
     problem = preprocess_problem(preprocess)
     if problem:
@@ -37,13 +37,15 @@ def transform_of(preprocess: dict, where: str = "the model"):
                             f"replaces it)")
 
     if preprocess.get("fit") == "letterbox":
-        return LetterboxTransform(preprocess["crop_size"][0], preprocess["interpolation"], preprocess["mean"],
-                                  preprocess["std"])
-    if preprocess.get("fit") == "resize":
-        return ResizeTransform(preprocess["crop_size"], preprocess["interpolation"], preprocess["mean"],
+        t = LetterboxTransform(preprocess["crop_size"][0], preprocess["interpolation"], preprocess["mean"],
                                preprocess["std"])
-    return EvalTransform(preprocess["resize_size"], tuple(preprocess["crop_size"]), preprocess["interpolation"],
-                         preprocess["mean"], preprocess["std"])
+    elif preprocess.get("fit") == "resize":
+        t = ResizeTransform(preprocess["crop_size"], preprocess["interpolation"], preprocess["mean"],
+                            preprocess["std"])
+    else:
+        t = EvalTransform(preprocess["resize_size"], tuple(preprocess["crop_size"]), preprocess["interpolation"],
+                          preprocess["mean"], preprocess["std"])
+    return ChannelsLast(t) if preprocess.get("layout") == "nhwc" else t
 
 
 def zoo_graph(name: str, log=None):
@@ -110,6 +112,9 @@ def add_preprocess_options(p) -> None:
     p.add_argument("--size", type=image_size, metavar="H[,W]",
                    help="the model's input size (default: its static input size): the short side resized to "
                         "size / 0.875, then the centre cropped to it")
+    p.add_argument("--layout", choices=("nchw", "nhwc"),
+                   help="the model's input layout: [N, 3, H, W] (nchw, the default) or [N, H, W, 3] (nhwc, as "
+                        "models exported from TensorFlow take)")
 
 
 def preprocess_overrides(args) -> dict:
@@ -128,7 +133,22 @@ def preprocess_overrides(args) -> dict:
     if getattr(args, "size", None) is not None:
         out["crop_size"] = list(args.size)
         out["resize_size"] = int(round(max(args.size) / 0.875))
+    if getattr(args, "layout", None) is not None:
+        out["layout"] = args.layout
     return out
+
+
+def _rgb_batch(shape, layout: str | None) -> bool:
+    """A 4-D batch whose channel dim (in ``layout``) is 3, or not fixed."""
+    if len(shape) != 4:
+        return False
+    channels = shape[3] if layout == "nhwc" else shape[1]
+    return channels == 3 or not isinstance(channels, int)
+
+
+def image_dims(shape, layout: str | None) -> tuple:
+    """(H, W) of an image batch's shape in ``layout`` (nchw unless nhwc)."""
+    return tuple(shape[1:3]) if layout == "nhwc" else tuple(shape[2:4])
 
 
 def resolve_model(spec: str, preprocess: str | None = None, log=None, input_shapes: dict | None = None,
@@ -170,10 +190,12 @@ def resolve_model(spec: str, preprocess: str | None = None, log=None, input_shap
     elif "preprocess" not in graph.metadata:
         shape = graph.values[graph.inputs[0]].shape
         sized = "crop_size" in (overrides or {})
-        if len(shape) != 4 or not (sized or all(isinstance(d, int) for d in shape[2:])):
-            raise NpuforgeError(f"{spec}: input shape {list(shape)} is not an image batch [N, 3, H, W] with a "
-                                f"static size; give --preprocess ZOO_MODEL, or --size H,W")
-        crop = tuple(overrides["crop_size"]) if sized else (shape[2], shape[3])
+        layout = (overrides or {}).get("layout")
+        if not _rgb_batch(shape, layout) or not (sized or all(isinstance(d, int) for d in image_dims(shape, layout))):
+            raise NpuforgeError(f"{spec}: input shape {list(shape)} is not an image batch "
+                                f"{'[N, H, W, 3]' if layout == 'nhwc' else '[N, 3, H, W]'} with a static size; give "
+                                f"--preprocess ZOO_MODEL, or --size H,W (and --layout nhwc for [N, H, W, 3])")
+        crop = tuple(overrides["crop_size"]) if sized else image_dims(shape, layout)
         graph.metadata["preprocess"] = {"resize_size": int(round(max(crop) / 0.875)), "crop_size": list(crop),
                                         "interpolation": "bilinear", "mean": [123.675, 116.28, 103.53],
                                         "std": [58.395, 57.12, 57.375], "source": "default ImageNet"}
@@ -193,10 +215,11 @@ def check_input_size(graph, where: str) -> None:
     shape = graph.values[graph.inputs[0]].shape
     pre = graph.metadata.get("preprocess") or {}
     crop = tuple(pre.get("crop_size", ()))
-    if len(shape) == 4 and len(crop) == 2 and all(isinstance(d, int) for d in shape[2:]) and tuple(shape[2:]) != crop:
+    dims = image_dims(shape, pre.get("layout"))
+    if len(shape) == 4 and len(crop) == 2 and all(isinstance(d, int) for d in dims) and dims != crop:
         raise NpuforgeError(f"{where}: input '{graph.inputs[0]}' is {list(shape)} but the preprocessing "
                             f"({pre.get('source', 'recorded')}) makes {crop[0]}x{crop[1]} images; give --preprocess a "
-                            f"zoo model of input size {shape[2]}x{shape[3]}")
+                            f"zoo model of input size {dims[0]}x{dims[1]}, or --size {dims[0]},{dims[1]}")
 
 
 def batch_size_for(graph, requested: int, where: str, log=None) -> int:

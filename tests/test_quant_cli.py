@@ -307,3 +307,32 @@ def test_preprocessing_options_are_recorded_in_the_quantized_ir(capsys, tiny_mod
     code, _, err = run(capsys, "quantize", tiny_model, "--calib", images, "--input-range", "0,1", "--mean", "1,2,3",
                        "-o", tmp_path / "bad.nfir")
     one_line_error(code, err, "--input-range", "--mean")
+
+
+def test_a_channels_last_image_model_with_layout_nhwc(capsys, images, tmp_path):
+    """A model taking [N, H, W, 3] (as TensorFlow exports do): --layout nhwc feeds it HWC images, the
+    IR records it; without it the refusal names the option."""
+    torch.manual_seed(0)
+
+    class Hwc(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                           torch.nn.Flatten(), torch.nn.Linear(4, 3))
+
+        def forward(self, x):
+            return self.net(x.permute(0, 3, 1, 2))
+
+    model = tmp_path / "hwc.onnx"
+    npuforge.export_onnx(Hwc().eval(), torch.zeros(1, 24, 20, 3), str(model))
+    code, _, err = run(capsys, "quantize", model, "--calib", images, "--num-calib", 4, "-o", tmp_path / "a.nfir")
+    one_line_error(code, err, "[N, 3, H, W]", "--layout nhwc")
+    out = tmp_path / "q" / "hwc.nfir"
+    code, _, err = run(capsys, "quantize", model, "--calib", images, "--num-calib", 4, "--layout", "nhwc",
+                       "--input-range", "0,1", "-o", out)
+    assert code == 0, err
+    pre = npuforge.load(out).metadata["preprocess"]
+    assert pre["layout"] == "nhwc" and pre["crop_size"] == [24, 20]
+    code, stdout, err = run(capsys, "eval", out, "--data", images, "--engine", "int", "--json")
+    assert code == 0, err
+    assert json.loads(stdout)["images"] == 6

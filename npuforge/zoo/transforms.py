@@ -45,7 +45,25 @@ def preprocess_problem(pre) -> str | None:
         v = pre.get(name)
         if not (isinstance(v, list) and len(v) == 3 and all(_finite(x) for x in v)) or (name == "std" and 0 in v):
             return f"'preprocess' {name} {v!r}; three finite numbers expected" + (" (none 0)" if name == "std" else "")
+    if pre.get("layout", "nchw") not in LAYOUTS:
+        return f"'preprocess' layout {pre.get('layout')!r}; one of {', '.join(LAYOUTS)}"
     return None
+
+
+LAYOUTS = ("nchw", "nhwc")  # the model's input layout ([N, 3, H, W] or [N, H, W, 3])
+
+
+class ChannelsLast:
+    """A CHW transform's output as HWC, for a model whose input is [N, H, W, 3]."""
+
+    def __init__(self, transform):
+        self.transform = transform
+
+    def __call__(self, img: Image.Image) -> np.ndarray:
+        return np.ascontiguousarray(self.transform(img).transpose(1, 2, 0))
+
+    def __repr__(self) -> str:
+        return f"ChannelsLast({self.transform!r})"
 
 
 def _finite(x) -> bool:
