@@ -358,9 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_ops)
 
     p = sub.add_parser("eval", help="top-1 / top-5 of a model (float, quantized IR or QDQ ONNX) on images",
-                       description="Classify a folder of images and print top-1 and top-5. A float model runs "
-                                   "in float, a quantized IR in fake-quant (--engine npuforge) or as QDQ in ONNX "
-                                   "Runtime (--engine ort); an ONNX file with --engine ort runs as it is.")
+                       description="Classify a folder of images (or of .npy / .npz / .wav inputs, one subfolder "
+                                   "per class) and print top-1 and top-5. A float model runs in float, a quantized "
+                                   "IR in fake-quant (--engine npuforge), in the integer simulator (--engine int) or "
+                                   "as QDQ in ONNX Runtime (--engine ort); an ONNX file with --engine ort runs as it "
+                                   "is. Under torchrun each process classifies a share of the images; the counts "
+                                   "are summed.")
     p.add_argument("model", help="a zoo name, an ONNX file (float or QDQ), a .tflite file (float or int8) or a saved "
                                  "IR (float or quantized)")
     p.add_argument("--data", required=True, metavar="DIR", help="images (class subfolders or <wnid>_name files), or "
