@@ -203,6 +203,9 @@ def cmd_ops(args) -> int:
 
 def cmd_eval(args) -> int:
     if args.task == "detection":
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise NpuforgeError("--task detection runs in one process (torchrun shares out classification only); "
+                                "run it without torchrun")
         from .detection.cli import eval_detection
 
         return eval_detection(args)
