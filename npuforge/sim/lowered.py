@@ -518,6 +518,9 @@ class LoweredSimulator:
         result = {}
         for name, y in zip(wanted, got):
             p = g.values[name].quant
+            if p is None:  # an integer output (index arithmetic), as computed
+                result[name] = y
+                continue
             q = y if self.form == "qoperator" else (y + np.float32(int(p.zero_point))).astype(NP_INT[p.dtype])
             result[name] = dequantize_output(q, p) if dequantize else q
         return result
