@@ -336,6 +336,25 @@ def test_resize(coord, mode, nearest, how):
     check_op("Resize", inputs, attrs, opset=19, consts={"scales", "sizes"})
 
 
+@pytest.mark.parametrize("coord", COORD_MODES)
+@pytest.mark.parametrize("how", ["scales_up", "scales_down", "sizes"])
+@pytest.mark.parametrize("a,exclude", [(-0.75, 0), (-0.5, 1)])
+def test_resize_cubic(coord, how, a, exclude):
+    """Cubic convolution (PyTorch's bicubic is a = -0.75, TensorFlow's -0.5), edge taps replicated or
+    excluded, against ONNX Runtime."""
+    x = rand(1, 2, 6, 7)
+    scales = sizes = None
+    if how == "scales_up":
+        scales = np.array([1, 1, 2.0, 1.5], np.float32)
+    elif how == "scales_down":
+        scales = np.array([1, 1, 0.6, 0.5], np.float32)
+    else:
+        sizes = np.array([1, 2, 9, 4], np.int64)
+    inputs = [("x", x), ("roi", None), ("scales", scales), ("sizes", sizes)]
+    attrs = {"mode": "cubic", "coordinate_transformation_mode": coord, "cubic_coeff_a": a, "exclude_outside": exclude}
+    check_op("Resize", inputs, attrs, opset=19, consts={"scales", "sizes"})
+
+
 @pytest.mark.parametrize("policy", ["not_larger", "not_smaller"])
 def test_resize_keep_aspect_ratio(policy):
     inputs = [("x", rand(1, 2, 4, 6)), ("roi", None), ("scales", None), ("sizes", np.array([9, 9], np.int64))]

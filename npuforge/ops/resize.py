@@ -1,4 +1,4 @@
-"""Resize: nearest and (multi)linear, every coordinate transformation mode but
+"""Resize: nearest, (multi)linear and cubic, every coordinate transformation mode but
 tf_crop_and_resize, applied one axis at a time.
 
 Coordinates are computed with ONNX Runtime's float arithmetic, so that
@@ -26,7 +26,7 @@ class Resize(Op):
         "exclude_outside": 0, "extrapolation_value": 0.0, "keep_aspect_ratio_policy": "stretch",
         "mode": "nearest", "nearest_mode": "round_prefer_floor",
     }
-    summary = "nearest / linear resize by scales or sizes; all coordinate modes but tf_crop_and_resize"
+    summary = "nearest / linear / cubic resize by scales or sizes; all coordinate modes but tf_crop_and_resize"
 
     def quant_kind(self, node, graph):
         """nearest: moves codes; linear: the integer bilinear rule (quant/resize_rule.py) where
@@ -56,8 +56,8 @@ class Resize(Op):
 
     def from_onnx(self, ctx, node):
         a = node.attrs
-        if a["mode"] not in ("nearest", "linear"):
-            unsupported(node, f"mode '{a['mode']}' is not supported; use nearest or linear")
+        if a["mode"] not in ("nearest", "linear", "cubic"):
+            unsupported(node, f"mode '{a['mode']}' is not supported; use nearest, linear or cubic")
         if a["coordinate_transformation_mode"] not in _COORD_MODES:
             unsupported(node, f"coordinate_transformation_mode '{a['coordinate_transformation_mode']}' "
                               f"is not supported; supported: {', '.join(_COORD_MODES)}")
@@ -152,6 +152,30 @@ class Resize(Op):
             idx = torch.where(tie, fl if mode == "round_prefer_floor" else fl + 1, rounded)
         return idx.to(torch.int64).clamp(0, n_in - 1)
 
+    def cubic(self, node, x: torch.Tensor, axis: int, coords: torch.Tensor, n_in: int) -> torch.Tensor:
+        """ONNX's cubic convolution along ``axis``: four taps around each source coordinate with
+        Keys' weights for ``cubic_coeff_a``; taps beyond the edge read the edge value, or, with
+        ``exclude_outside``, weigh 0 and the others are renormalized."""
+        a = float(node.attrs["cubic_coeff_a"])
+        c = coords.to(torch.float64)
+        base = torch.floor(c)
+        t = c - base
+        taps = base.to(torch.int64)[:, None] + torch.arange(-1, 3)[None, :]  # [n_out, 4]
+        d = (t[:, None] - torch.arange(-1, 3, dtype=torch.float64)[None, :]).abs()  # distance to each tap
+        near = ((a + 2) * d - (a + 3)) * d * d + 1  # |d| <= 1
+        far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a  # 1 < |d| < 2
+        w = torch.where(d <= 1, near, torch.where(d < 2, far, torch.zeros_like(d)))
+        if node.attrs["exclude_outside"]:
+            w = torch.where((taps < 0) | (taps >= n_in), torch.zeros_like(w), w)
+            w = w / w.sum(dim=1, keepdim=True)
+        idx = taps.clamp(0, n_in - 1)
+        view = [1] * x.dim()
+        view[axis] = coords.numel()
+        out = 0
+        for k in range(4):
+            out = out + x.index_select(axis, idx[:, k]) * w[:, k].to(x.dtype).reshape(view)
+        return out
+
     def forward(self, node, xs):
         x = xs[0]
         scales = xs[2].tolist() if len(xs) > 2 and xs[2] is not None and xs[2].numel() else None
@@ -164,6 +188,9 @@ class Resize(Op):
             coords = self.source_coords(node, n_in, n_out, scale[axis])
             if node.attrs["mode"] == "nearest":
                 x = x.index_select(axis, self.nearest(node, coords, n_in))
+                continue
+            if node.attrs["mode"] == "cubic":
+                x = self.cubic(node, x, axis, coords, n_in)
                 continue
             coords = coords.clamp(0, n_in - 1)
             lo = torch.floor(coords).to(torch.int64)
