@@ -125,10 +125,10 @@ def test_unsupported_op(capsys, tmp_path):
 def test_unsupported_attribute_value(capsys, tmp_path):
     model, _ = one_node_model("Resize", [("x", np.ones((1, 1, 4, 4), np.float32)), ("roi", None),
                                          ("scales", np.array([1, 1, 2, 2], np.float32))],
-                              {"mode": "cubic"}, consts={"scales"})
-    onnx.save(model, tmp_path / "cubic.onnx")
-    code, _, err = run_cli(capsys, "check", tmp_path / "cubic.onnx")
-    assert_user_error(code, err, "node 'the_node' (Resize)", "mode 'cubic' is not supported")
+                              {"coordinate_transformation_mode": "tf_crop_and_resize"}, consts={"scales"})
+    onnx.save(model, tmp_path / "crop.onnx")
+    code, _, err = run_cli(capsys, "check", tmp_path / "crop.onnx")
+    assert_user_error(code, err, "node 'the_node' (Resize)", "coordinate_transformation_mode 'tf_crop_and_resize'")
 
 
 def test_unsupported_opset(capsys, tmp_path):
