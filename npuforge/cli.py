@@ -198,6 +198,8 @@ def cmd_ops(args) -> int:
         counts[k] = counts.get(k, 0) + 1
     print(f"{len(ops)} ops ({', '.join(f'{k} {n}' for k, n in sorted(counts.items()))}; float: kept in float when "
           f"quantizing; docs/quantization.md explains each rule)")
+    print("also imported from ONNX, as the ops above: If and Loop (folded at import when what decides them is "
+          "known), LSTM, GRU and RNN (unrolled over the sequence length)")
     return 0
 
 

@@ -29,6 +29,7 @@ from ..ir import dtypes
 from ..ir.graph import Graph, Node, Value
 from ..ir.infer import check_arity, check_size, infer_node, input_infos
 from ..ops.registry import REQUIRED, TensorInfo, all_ops, check_attr_values, get_op
+from .onnx_recurrent import RECURRENT_OPS, unroll_recurrent
 
 OPSETS = range(13, 22)
 UPGRADABLE_OPSETS = range(9, 13)  # imported through onnx's version converter to opset 13
@@ -341,6 +342,8 @@ class _OnnxImporter:
             return self.fold_if(onode, node_name, at)
         if onode.op_type == "Loop":
             return self.unroll_loop(onode, node_name, at)
+        if onode.op_type in RECURRENT_OPS:
+            return unroll_recurrent(self, onode, node_name, at, {a.name: _attr_value(a, at) for a in onode.attribute})
         if onode.op_type not in all_ops():
             raise UnsupportedError(f"{at}: op '{onode.op_type}' is not supported; `npuforge ops` lists the "
                                    f"{len(all_ops())} ops npuforge imports")
