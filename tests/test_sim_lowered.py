@@ -5,6 +5,7 @@ accepts or refuses a float formula for a requantization."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from hypothesis import given, settings
@@ -132,6 +133,25 @@ def test_conv_lowered_equals_plain(case, mode):
     assert lows["float"].form == "float"
     if mode == "onnx":  # the rule itself; other modes only where a float32 scale is proven (see below)
         assert lows["qoperator"].lowering["n"] == "QLinearConv"
+
+
+@pytest.mark.parametrize("u8u8", ["", "1"])
+@pytest.mark.parametrize("group", [1, 8])
+def test_conv_weights_signed_only_where_ort_sums_them_exactly(u8u8, group, monkeypatch):
+    """QLinearConv takes the int8 weights as they are (u8s8, faster) where ONNX Runtime sums their
+    products exactly (x86 with VNNI), as uint8 w + 128 (u8u8) elsewhere or with NPUFORGE_U8U8=1; the
+    codes equal the plain path's either way, on the pair sums that saturate int16 (255 x 127 x 2)."""
+    from npuforge.sim.qoperator import signed_weights_exact
+
+    monkeypatch.setenv("NPUFORGE_U8U8", u8u8)
+    rng = np.random.default_rng(77)
+    g, x, *_ = conv_case(rng, cin=8, cout=8, group=group, wmax=127)
+    x[:] = 255  # every input code at the uint8 end: many pairs of weights past 64 sum beyond int16
+    low = both(g, {"x": x}, "onnx")["qoperator"]
+    weights = [i for i in low.model.graph.initializer if i.name.endswith("::w")]
+    assert len(weights) == 1
+    signed = weights[0].data_type == onnx.TensorProto.INT8
+    assert signed == (signed_weights_exact() and u8u8 == "")
 
 
 @pytest.mark.parametrize("act,params", [("Relu", ()), ("Clip", (0.0, 6.0)), ("Clip", (-0.5, 0.7))])

@@ -1,10 +1,12 @@
 """The fast path of the integer simulator: the quantized IR as ONNX Runtime's own
 integer operators (QOperator form), on uint8 codes.
 
-* Conv / Gemm: ``QLinearConv`` (a Gemm as a 1x1 one on ``[N, K, 1, 1]``) with the
-  int8 weights stored as uint8 ``w + 128``, zero point 128. The accumulator is
-  unchanged, ``sum (x - zp_x) (w + 128 - 128)``, and ONNX Runtime's u8u8 kernels
-  compute it exactly; its u8s8 kernels on CPUs without VNNI add pairs of
+* Conv / Gemm: ``QLinearConv`` (a Gemm as a 1x1 one on ``[N, K, 1, 1]``). On an x86
+  CPU with VNNI its int8 weights go in as they are: ONNX Runtime's u8s8 kernels sum
+  u8 x s8 products in int32 there, exactly, and run 1.6-1.9x faster than u8u8
+  (docs/benchmarks.md). Elsewhere they are stored as uint8 ``w + 128``, zero point
+  128: the accumulator is unchanged, ``sum (x - zp_x) (w + 128 - 128)``, and the u8u8
+  kernels compute it exactly, where u8s8 kernels without VNNI add pairs of
   products in saturating int16 and would not (docs/simulator.md). It then
   outputs ``rint(float32(acc) * s)`` in float32, ``s = x_scale * w_scale / y_scale``;
   with unit x and y scales, ``s`` is the per-channel w_scale given. That is the
@@ -29,6 +31,7 @@ cannot lower raises :class:`~npuforge.errors.UnsupportedError`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import torch
@@ -45,6 +48,25 @@ SCALE_NUDGES = tuple(sorted(range(-3, 4), key=abs))  # ulps from float32(multipl
 
 MOVERS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "MaxPool", "Slice", "Split",
           "Gather", "Concat"}
+
+
+def signed_weights_exact() -> bool:
+    """Whether ONNX Runtime's u8s8 integer convolutions are exact on this CPU (and faster than its
+    u8u8 ones): on x86 with VNNI, whose instructions sum u8 x s8 products in int32, not on x86 without
+    it (pairs summed in saturating int16), nor, unmeasured, elsewhere. ``NPUFORGE_U8U8=1`` forces
+    the u8u8 kernels (to compare the two)."""
+    import os
+
+    return os.environ.get("NPUFORGE_U8U8", "") != "1" and _x86_with_vnni()
+
+
+@functools.lru_cache(maxsize=1)
+def _x86_with_vnni() -> bool:
+    import platform
+
+    from ..workflow import cpu_lacks_vnni
+
+    return platform.machine().lower() in ("x86_64", "amd64") and not cpu_lacks_vnni()
 
 
 class QOperatorBuilder(LoweringBuilder):
@@ -142,9 +164,9 @@ class QOperatorBuilder(LoweringBuilder):
             axes = self.const(f"{node.name}::axes", np.int64([2, 3]))
             x4 = self.emit("Unsqueeze", [x, axes], f"{x}::{node.name}::4d")
         one = self.const("unit_scale", np.float32(1))
-        ins = [x4, one, x_zp, self.const(f"{node.name}::w", (w + 128).astype(np.uint8)),
-               self.const(f"{node.name}::w_scale", scales),
-               self.const(f"{node.name}::w_zp", np.full(scales.shape, 128, np.uint8)), one, y_zp]
+        w_codes, w_zp = self._weights(w, scales.shape)
+        ins = [x4, one, x_zp, self.const(f"{node.name}::w", w_codes), self.const(f"{node.name}::w_scale", scales),
+               self.const(f"{node.name}::w_zp", w_zp), one, y_zp]
         if bias is not None:
             ins.append(self.const(f"{node.name}::b", bias.astype(np.int32)))
         attrs = {k: v for k, v in node.attrs.items() if k not in FUSED_ATTRS and v is not None and v != []} \
@@ -164,6 +186,15 @@ class QOperatorBuilder(LoweringBuilder):
         if node.op == "Gemm":
             self.emit("Squeeze", [t, axes], y)
 
+    @staticmethod
+    def _weights(w: np.ndarray, zp_shape, signed: bool = True) -> tuple:
+        """(weight codes, zero point) for ONNX Runtime's integer convolutions: int8 as they are where
+        its u8s8 kernels are exact (a CPU with VNNI, or not x86), else uint8 ``w + 128``, zero point 128,
+        for its u8u8 kernels (see the module docstring)."""
+        if signed and signed_weights_exact():
+            return w.astype(np.int8), np.zeros(zp_shape, np.int8)
+        return (w.astype(np.int16) + 128).astype(np.uint8), np.full(zp_shape, 128, np.uint8)
+
     def _rest(self, node, x4: str, w: np.ndarray, rest: np.ndarray, attrs: dict) -> str:
         """The channels ``rest`` of a Conv (or 4-d Gemm) as ONNX Runtime's exact
         ``ConvInteger`` (u8u8, like QLinearConv), its int32 sums held as float32 and the
@@ -174,8 +205,9 @@ class QOperatorBuilder(LoweringBuilder):
         depthwise = attrs.get("group", 1) > 1
         xin = self.emit("Gather", [x4, self.const(f"{node.name}::rest_in", rest)], f"{node.name}::rest_x", axis=1) \
             if depthwise else x4
-        acc = self.emit("ConvInteger", [xin, self.const(f"{node.name}::rest_w", (w[rest] + 128).astype(np.uint8)),
-                                        self.zero_point(node, node.inputs[0]), self.const("w_zp128", np.uint8(128))],
+        w_codes, w_zp = self._weights(w[rest], (), signed=False)  # (ORT's u8s8 ConvInteger: slower, measured)
+        acc = self.emit("ConvInteger", [xin, self.const(f"{node.name}::rest_w", w_codes),
+                                        self.zero_point(node, node.inputs[0]), self.const(f"w_zp_{w_zp.dtype}", w_zp)],
                         f"{node.name}::rest_acc", **{**attrs, **({"group": int(rest.size)} if depthwise else {})})
         accf = self.emit("Cast", [acc], f"{node.name}::rest_accf", to=TensorProto.FLOAT)
         a, b, lo, hi = (v[rest] for v in channel_ranges(self.plain, node))
