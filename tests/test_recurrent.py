@@ -208,6 +208,8 @@ def test_recurrent_refusals_are_one_line():
     with pytest.raises(NpuforgeError, match=r"the sequence length of X .* --input-shape"):
         npuforge.import_onnx(model)
     assert npuforge.import_onnx(model, input_shapes={"x": (3, 1, 2)}).values["Y"].shape == (3, 1, 1, 2)
+    with pytest.raises(NpuforgeError, match=r"a sequence of 5000 steps; npuforge unrolls GRU over at most 1024"):
+        npuforge.import_onnx(model, input_shapes={"x": (5000, 1, 2)})
 
 
 def test_recurrent_model_deploys_from_the_command_line(tmp_path, capsys):

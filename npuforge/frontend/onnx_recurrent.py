@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import ModelFormatError, UnsupportedError
 
 RECURRENT_OPS = ("LSTM", "GRU", "RNN")
+MAX_STEPS = 1024  # time steps unrolled at most (as a Loop's iterations)
 _GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 _DEFAULT_ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh"), "RNN": ("Tanh",)}
 _COMMON_ATTRS = {"activation_alpha", "activation_beta", "activations", "clip", "direction", "hidden_size", "layout"}
@@ -45,8 +46,6 @@ def _activations(kind: str, attrs: dict, directions: int, at: str) -> list:
     """[(name, alpha, beta)] per direction: f, g, h in LSTM order."""
     per = len(_DEFAULT_ACTIVATIONS[kind])
     names = attrs.get("activations") or list(_DEFAULT_ACTIVATIONS[kind]) * directions
-    if len(names) == per and directions == 2 and not attrs.get("activations"):
-        names = names * 2
     if len(names) != per * directions:
         raise ModelFormatError(f"{at}: 'activations' lists {len(names)} functions; {kind} takes {per} per "
                                f"direction ({per * directions} here)")
@@ -68,7 +67,6 @@ class _Unroller:
     def __init__(self, imp, onode, node_name: str, at: str, attrs: dict):
         self.imp, self.node, self.name, self.at, self.attrs = imp, onode, node_name, at, attrs
         self.kind = onode.op_type
-        self.count = 0
 
     # -- emission helpers: every value and node is named <node>/<what>
     def fresh(self, what: str) -> str:
@@ -76,7 +74,6 @@ class _Unroller:
 
     def emit(self, op: str, inputs: list, what: str, out: str | None = None, **attrs) -> str:
         out = out or self.fresh(what)
-        self.count += 1
         self.imp.emit(op, inputs, [out], f"{self.name}/{what}", **attrs)
         return out
 
@@ -175,6 +172,9 @@ class _Unroller:
             raise UnsupportedError(f"{at}: the sequence length of X (dim {1 if self.layout else 0}, '{seq}') is "
                                    f"not fixed; npuforge unrolls {kind} over a known length: fix it with "
                                    f"--input-shape (input_shapes= in the Python API)")
+        if seq > MAX_STEPS:
+            raise UnsupportedError(f"{at}: a sequence of {seq} steps; npuforge unrolls {kind} over at most "
+                                   f"{MAX_STEPS} (fix a shorter length with --input-shape, or split the sequence)")
         W = self.weight(1, "W", True)
         R = self.weight(2, "R", True)
         B = self.weight(3, "B", False)
