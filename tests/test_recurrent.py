@@ -89,12 +89,12 @@ def ort_reference(model, feeds) -> dict:
     return {k: v.transpose(2, 0, 1, 3) if v.ndim == 4 else v.transpose(1, 0, 2) for k, v in out.items()}
 
 
-def assert_matches_ort(model, feeds, atol=2e-5):
+def assert_matches_ort(model, feeds, atol=2e-5, discard_overflow=False):
     graph = npuforge.import_onnx(model)
     ours = graph.run(feeds)
     for name, ref in ort_reference(model, feeds).items():
-        # ONNX Runtime's Softplus is log(1 + exp(x)) as written: inf past x = 88, where ours is x
-        assume(np.isfinite(ref).all())
+        if discard_overflow:  # ONNX Runtime's Softplus is log(1 + exp(x)) as written: inf past x = 88 (ours: x)
+            assume(np.isfinite(ref).all())
         assert ours[name].shape == ref.shape, name
         # (unbounded activations, Affine / Relu, can grow a state to 1e5: float32 rounding grows with it)
         np.testing.assert_allclose(ours[name], ref, atol=atol * max(1.0, float(np.abs(ref).max())), rtol=1e-4,
@@ -136,7 +136,7 @@ def test_recurrent_random_equals_onnxruntime(kind, seq, batch, size, hidden, dir
         attrs["linear_before_reset"] = extra
     model, feeds = recurrent_model(kind, seq, batch, size, hidden, direction, layout, seed, bias, initial,
                                    peephole, **attrs)
-    assert_matches_ort(model, feeds, atol=5e-5)
+    assert_matches_ort(model, feeds, atol=5e-5, discard_overflow=True)
 
 
 def test_omitted_outputs_and_default_activations():
