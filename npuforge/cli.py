@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from .argtypes import positive_int
 from .errors import CheckError, NpuforgeError
 from .outputs import Planned, add_force_option, check_outputs, input_files
 from .workflow import add_preprocess_options
@@ -382,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --engine int: " + SIM_ENGINE_HELP)
     p.add_argument("--skip", type=int, default=0, metavar="N", help="leave out the first N images (file order)")
     p.add_argument("--limit", type=int, metavar="N", help="evaluate at most N images")
-    p.add_argument("--batch-size", type=int, default=25, help="batch size (default 25)")
+    p.add_argument("--batch-size", type=positive_int, default=25, help="batch size (default 25)")
     p.add_argument("--preprocess", metavar="ZOO_MODEL", help="this zoo model's preprocessing (for ONNX files)")
     add_preprocess_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (top1, top5, images, ...)")

@@ -81,6 +81,9 @@ def test_run_given_an_image_for_a_model_says_what_to_give(capsys, relu, tmp_path
     (["zoo", "train", "efficientnet_lite0", "--data", "{t}", "--label-smoothing", "2", "-o", "{t}/run"],
      "below 1"),
     (["export", "{t}/q.nfir", "--format", "tflite", "--check-litert", "-1", "-o", "{t}/q.tflite"], "0 or more"),
+    (["quantize", "{t}/m.onnx", "--calib", "{t}", "--batch-size", "0", "-o", "{t}/q.nfir"], "at least 1"),
+    (["eval", "{t}/m.onnx", "--data", "{t}", "--batch-size", "0"], "at least 1"),
+    (["analyze", "{t}/m.onnx", "--data", "{t}", "--batch-size", "-3"], "at least 1"),
 ])
 def test_arguments_out_of_range_are_usage_errors(capsys, tmp_path, argv, fragment):
     assert fragment in one_line(capsys, [a.format(t=tmp_path) for a in argv])

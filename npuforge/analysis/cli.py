@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..argtypes import positive_int
 from ..errors import NpuforgeError
 from ..workflow import add_preprocess_options
 
@@ -53,7 +54,7 @@ def add_analyze_parser(sub) -> None:
     p.add_argument("--top", type=int, default=15, metavar="N", help="rows of the ranked table (default 15)")
     p.add_argument("--preprocess", metavar="ZOO_MODEL", help="use this zoo model's preprocessing for an ONNX file")
     add_preprocess_options(p)
-    p.add_argument("--batch-size", type=int, default=25, help="batch size for loading images (default 25)")
+    p.add_argument("--batch-size", type=positive_int, default=25, help="batch size for loading images (default 25)")
     p.add_argument("--json", action="store_true", help="print the result as JSON (one entry per layer)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress messages")
     p.set_defaults(func=cmd_analyze, outputs=_planned)

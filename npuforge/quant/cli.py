@@ -98,7 +98,7 @@ def add_quantize_parser(sub) -> None:
     p.add_argument("--strict", action="store_true", help="an op with no quantization rule is an error")
     p.add_argument("--preprocess", metavar="ZOO_MODEL", help="use this zoo model's preprocessing for an ONNX file")
     add_preprocess_options(p)
-    p.add_argument("--batch-size", type=int, default=25, help="calibration batch size (default 25)")
+    p.add_argument("--batch-size", type=positive_int, default=25, help="calibration batch size (default 25)")
     p.add_argument("--output", "-o", required=True, metavar="OUT", help="the quantized IR to write (e.g. q.nfir)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
