@@ -11,7 +11,8 @@ Loop whose trip count and conditions are known is unrolled (its body's nodes onc
 iteration, scan outputs stacked by Unsqueeze + Concat). Inlined values are renamed
 ``<node>/<name>`` (``<node>/iter<k>/<name>`` in a Loop) and the body's outputs take the
 node's output names. When what decides them is not known, the error names the node and
-the graph input it depends on.
+the graph input it depends on. LSTM, GRU and RNN are unrolled over their sequence length
+(frontend/onnx_recurrent.py).
 """
 
 from __future__ import annotations
