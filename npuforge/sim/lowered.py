@@ -159,6 +159,12 @@ def proven_formula(plain, node, prep: dict, offset: np.ndarray, a, b, lo, hi,
     return None
 
 
+def uint8_weights(w: np.ndarray) -> np.ndarray:
+    """int8 weight codes as uint8 ``w + 128`` (zero point 128): ONNX Runtime's u8u8 integer
+    convolutions, exact on every CPU, compute the same accumulator on them."""
+    return (np.asarray(w).astype(np.int16) + 128).astype(np.uint8)
+
+
 class _Builder(TableLowerings, LoweringBuilder):
     """Builds the ONNX graph node by node; names are the IR's (values hold ``q - zp``)."""
 
@@ -277,7 +283,7 @@ class _Builder(TableLowerings, LoweringBuilder):
         256 sum w h + sum w l, each part within int32, combined in int64."""
         x, pre = node.inputs[0], node.name
         zp = int(xq.zero_point)
-        w = self.const(f"{pre}::w_u8", (prep["w"] + 128).astype(np.uint8))
+        w = self.const(f"{pre}::w_u8", uint8_weights(prep["w"]))
         w_zp = self.const("w_zp128", np.uint8(128))
 
         def conv(codes_u8: str, x_zp: int, tag: str) -> str:

@@ -40,7 +40,7 @@ from onnx import TensorProto
 from ..export.onnx_export import _nodes_of
 from ..ops.activation import FUSED_ATTRS
 from ..quant.requant import multiplier_value
-from .lowered import _Builder, channel_subset, requant_rule
+from .lowered import _Builder, channel_subset, requant_rule, uint8_weights
 from .lowering_base import LoweringBuilder, channel_ranges
 from .monotone_fit import Formula, fit_channels, float32_nudged, verify
 
@@ -187,13 +187,13 @@ class QOperatorBuilder(LoweringBuilder):
             self.emit("Squeeze", [t, axes], y)
 
     @staticmethod
-    def _weights(w: np.ndarray, zp_shape, signed: bool = True) -> tuple:
-        """(weight codes, zero point) for ONNX Runtime's integer convolutions: int8 as they are where
-        its u8s8 kernels are exact (a CPU with VNNI, or not x86), else uint8 ``w + 128``, zero point 128,
-        for its u8u8 kernels (see the module docstring)."""
-        if signed and signed_weights_exact():
+    def _weights(w: np.ndarray, zp_shape) -> tuple:
+        """(weight codes, zero point) for QLinearConv: int8 as they are where ONNX Runtime's u8s8
+        kernels are exact (x86 with VNNI), else uint8 ``w + 128``, zero point 128, for its u8u8
+        kernels (see the module docstring)."""
+        if signed_weights_exact():
             return w.astype(np.int8), np.zeros(zp_shape, np.int8)
-        return (w.astype(np.int16) + 128).astype(np.uint8), np.full(zp_shape, 128, np.uint8)
+        return uint8_weights(w), np.full(zp_shape, 128, np.uint8)
 
     def _rest(self, node, x4: str, w: np.ndarray, rest: np.ndarray, attrs: dict) -> str:
         """The channels ``rest`` of a Conv (or 4-d Gemm) as ONNX Runtime's exact
@@ -205,9 +205,9 @@ class QOperatorBuilder(LoweringBuilder):
         depthwise = attrs.get("group", 1) > 1
         xin = self.emit("Gather", [x4, self.const(f"{node.name}::rest_in", rest)], f"{node.name}::rest_x", axis=1) \
             if depthwise else x4
-        w_codes, w_zp = self._weights(w[rest], (), signed=False)  # (ORT's u8s8 ConvInteger: slower, measured)
-        acc = self.emit("ConvInteger", [xin, self.const(f"{node.name}::rest_w", w_codes),
-                                        self.zero_point(node, node.inputs[0]), self.const(f"w_zp_{w_zp.dtype}", w_zp)],
+        # u8u8 on every CPU: with int8 weights ONNX Runtime's ConvInteger ran slower (docs/benchmarks.md)
+        acc = self.emit("ConvInteger", [xin, self.const(f"{node.name}::rest_w", uint8_weights(w[rest])),
+                                        self.zero_point(node, node.inputs[0]), self.const("w_zp128", np.uint8(128))],
                         f"{node.name}::rest_acc", **{**attrs, **({"group": int(rest.size)} if depthwise else {})})
         accf = self.emit("Cast", [acc], f"{node.name}::rest_accf", to=TensorProto.FLOAT)
         a, b, lo, hi = (v[rest] for v in channel_ranges(self.plain, node))
