@@ -153,6 +153,9 @@ class _Unroller:
         if unknown:
             raise UnsupportedError(f"{at}: attribute '{sorted(unknown)[0]}' is not supported; supported: "
                                    f"{', '.join(sorted(_COMMON_ATTRS | _OWN_ATTRS[kind]))}")
+        most = 3 if kind == "LSTM" else 2
+        if len(self.node.output) > most:
+            raise ModelFormatError(f"{at}: {kind} has at most {most} outputs, not {len(self.node.output)}")
         direction = attrs.get("direction", "forward")
         if direction not in ("forward", "reverse", "bidirectional"):
             raise ModelFormatError(f"{at}: direction '{direction}' is not forward, reverse or bidirectional")
@@ -196,7 +199,7 @@ class _Unroller:
         if B is None:
             B = np.zeros((dirs, 2 * gates * hidden), np.float32)
         xs = self.emit("Transpose", [x], "x_seq_first", perm=[1, 0, 2]) if self.layout else x
-        outs = list(self.node.output) + [""] * 3
+        self.one = self.const("one", np.float32(1.0))
         steps_of, last_h, last_c = [], [], []
         for d in range(dirs):
             reverse = direction == "reverse" or d == 1
@@ -205,7 +208,7 @@ class _Unroller:
             steps_of.append(hs)
             last_h.append(h)
             last_c.append(c)
-        self.outputs(outs, steps_of, last_h, last_c, seq, dirs)
+        self.outputs(steps_of, last_h, last_c)
 
     def direction(self, d, reverse, seq, xs, W, R, B, P, acts, hidden):
         kind, gates = self.kind, _GATES[self.kind]
@@ -220,6 +223,8 @@ class _Unroller:
             xw.append(self.emit("Add", [proj, self.const(f"B{d}_{g}", bias.astype(np.float32))],
                                 f"dir{d}/x_gate{g}"))
             rt.append(self.const(f"R{d}_{g}", np.ascontiguousarray(rows(R, g).T)))
+        rbh = self.const(f"Rb{d}_2", rows(rb, 2).astype(np.float32)) if linear_before_reset else None
+        peepholes = None if P is None else [self.const(f"P{d}_{g}", rows(P, g)) for g in range(3)]
         h = self.state(5, "initial_h", d)
         c = self.state(6, "initial_c", d) if kind == "LSTM" else None
         f, g_act = acts[0], acts[1] if len(acts) > 1 else None
@@ -236,7 +241,6 @@ class _Unroller:
                 z = self.activation(self.clip(self.add([x_t[0], rec[0]], f"{at}/pre_z"), f"{at}/pre_z"), f, f"{at}/z")
                 r = self.activation(self.clip(self.add([x_t[1], rec[1]], f"{at}/pre_r"), f"{at}/pre_r"), f, f"{at}/r")
                 if linear_before_reset:
-                    rbh = self.const(f"{at}/Rbh", rows(rb, 2).astype(np.float32))
                     hr = self.emit("Add", [rec[2], rbh], f"{at}/h_proj2_bias") if h else rbh
                     gated = self.emit("Mul", [r, hr], f"{at}/reset")
                 elif h:
@@ -245,23 +249,23 @@ class _Unroller:
                     gated = None
                 cand = self.activation(self.clip(self.add([x_t[2], gated], f"{at}/pre_h"), f"{at}/pre_h"), g_act,
                                        f"{at}/candidate")
-                keep = self.emit("Sub", [self.const(f"{at}/one", np.float32(1.0)), z], f"{at}/one_minus_z")
+                keep = self.emit("Sub", [self.one, z], f"{at}/one_minus_z")
                 new = self.emit("Mul", [keep, cand], f"{at}/update")
                 h = self.add([new, self.emit("Mul", [z, h], f"{at}/carry") if h else None], f"{at}/h")
             else:
-                h, c = self.lstm_step(at, x_t, rec, c, P, acts, hidden)
+                h, c = self.lstm_step(at, x_t, rec, c, peepholes, acts)
             hs[t] = h
         return hs, h, c
 
-    def lstm_step(self, at, x_t, rec, c, P, acts, hidden):
+    def lstm_step(self, at, x_t, rec, c, peepholes, acts):
         f_act, g_act, h_act = acts
-        peep = lambda g, state: (self.emit("Mul", [state, self.const(f"{at}/P{g}", P[g * hidden:(g + 1) * hidden])],  # noqa: E731
-                                           f"{at}/peephole{g}") if P is not None and state else None)
+        peep = lambda g, state: (self.emit("Mul", [state, peepholes[g]], f"{at}/peephole{g}")  # noqa: E731
+                                 if peepholes and state else None)
         # ONNX order i, o, f, c; P order i, o, f
         i = self.activation(self.clip(self.add([x_t[0], rec[0], peep(0, c)], f"{at}/pre_i"), f"{at}/pre_i"),
                             f_act, f"{at}/i")
         if int(self.attrs.get("input_forget", 0)):
-            f = self.emit("Sub", [self.const(f"{at}/one", np.float32(1.0)), i], f"{at}/f")
+            f = self.emit("Sub", [self.one, i], f"{at}/f")
         else:
             f = self.activation(self.clip(self.add([x_t[2], rec[2], peep(2, c)], f"{at}/pre_f"), f"{at}/pre_f"),
                                 f_act, f"{at}/f")
@@ -281,11 +285,8 @@ class _Unroller:
             return self.emit("Identity", rows, what, out)
         return self.emit("Concat", rows, what, out, axis=axis)
 
-    def outputs(self, outs, steps_of, last_h, last_c, seq, dirs) -> None:
-        y, y_h, y_c = outs[0], outs[1], outs[2] if self.kind == "LSTM" else ""
-        if len(self.node.output) > (3 if self.kind == "LSTM" else 2):
-            raise ModelFormatError(f"{self.at}: {self.kind} has at most {3 if self.kind == 'LSTM' else 2} outputs, "
-                                   f"not {len(self.node.output)}")
+    def outputs(self, steps_of, last_h, last_c) -> None:
+        y, y_h, y_c = (list(self.node.output) + [""] * 3)[:3]
         if y:
             per_dir = [self.stack(hs, 0, f"dir{d}/y") for d, hs in enumerate(steps_of)]  # [seq, batch, hidden]
             if self.layout:
