@@ -28,7 +28,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MAX_LEVELS = 4096  # int8 / uint8 outputs have 255 steps; int16 ones are left to the plain simulator
+# Output steps a proof walks: int8 / uint8 outputs have at most 255; an int16 output's reachable
+# range is proven when it has at most MAX_LEVELS steps, or a few more on few channels (MAX_CELLS
+# channel x step pairs: each [C, J] int64 array of the search then stays within 32 MB)
+MAX_LEVELS = 4096
+MAX_CELLS = 1 << 22
 
 
 @dataclass
@@ -156,14 +160,20 @@ def fit_channels(exact, candidates, a, b, lo, hi) -> tuple[Formula | None, np.nd
     """(formula, proven): for each channel the first of ``candidates`` (same structure,
     cheapest or most likely first) proven equal to ``exact`` on [a_c, b_c]; ``proven``
     [C] says where one was (elsewhere the formula holds the first candidate's
-    values). (None, all False) when the output has more than MAX_LEVELS steps."""
+    values). (None, all False) when the outputs reachable from [a_c, b_c] have more steps
+    than MAX_LEVELS and MAX_CELLS allow."""
     a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
     lo = np.broadcast_to(np.asarray(lo, np.int64), a.shape).copy()
     hi = np.broadcast_to(np.asarray(hi, np.int64), a.shape).copy()
     todo = np.ones(a.shape, bool)
-    if int(np.max(hi - lo, initial=0)) > MAX_LEVELS:
+    # exact is nondecreasing: over [a, b] its outputs lie in [exact(a), exact(b)], so only the steps
+    # in there are searched; verify still clamps to [lo, hi] and checks both ends, which covers the rest
+    ends = exact(np.stack([a, b], axis=1))
+    reach_lo, reach_hi = np.maximum(lo, ends[:, 0]), np.minimum(hi, ends[:, 1])
+    levels = int(np.max(reach_hi - reach_lo, initial=0))
+    if levels > MAX_LEVELS and levels * len(a) > MAX_CELLS:
         return None, ~todo
-    chosen, steps = None, exact_steps(exact, candidates[0], a, b, lo, hi) if candidates else None
+    chosen, steps = None, exact_steps(exact, candidates[0], a, b, reach_lo, reach_hi) if candidates else None
     for formula in candidates:
         ok = verify(exact, formula, a, b, lo, hi, steps)
         good = ok & todo
@@ -176,7 +186,7 @@ def fit_channels(exact, candidates, a, b, lo, hi) -> tuple[Formula | None, np.nd
 
 def fit(exact, candidates, a, b, lo, hi) -> Formula | None:
     """A formula proven equal to ``exact`` on every channel's [a_c, b_c]
-    (:func:`fit_channels`); None when some channel has none (or the output has more
-    than MAX_LEVELS steps: left to the plain simulator)."""
+    (:func:`fit_channels`); None when some channel has none (or its reachable outputs
+    have too many steps: left to the plain simulator)."""
     formula, proven = fit_channels(exact, candidates, a, b, lo, hi)
     return formula if proven.all() else None
