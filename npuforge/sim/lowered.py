@@ -38,7 +38,10 @@ Gemm / MatMul run in double, Conv as ONNX Runtime's exact u8u8 ``ConvInteger``
 (int32 sums of uint8 codes, cast to double); the requantization is then a
 proven float64 formula.
 
-A node with no proven lowering (an int16 output, ...) raises
+A node the program runs in float lowers, when asked (``float_nodes``), to its float op
+between a dequantization of its inputs and the quantizer's rounding of its output.
+
+A node with no proven lowering raises
 :class:`~npuforge.errors.UnsupportedError` naming it; :func:`make_simulator`
 then uses the plain path. ONNX Runtime's ``ConvAddFusion`` and ``ConvMulFusion``
 are switched off: they would fold the requantization's constants into the
@@ -182,8 +185,46 @@ class _Builder(TableLowerings, LoweringBuilder):
 
     def check_inputs(self) -> None:
         for name in self.graph.inputs:
-            if self.graph.values[name].quant is None and not self.is_index(name):
-                self.refuse(None, f"graph input '{name}' is not quantized")
+            v = self.graph.values[name]
+            if v.quant is None and not self.is_index(name) and v.dtype != "float32":
+                self.refuse(None, f"graph input '{name}' is {v.dtype} and not quantized")
+
+    # -- kept in float ---------------------------------------------------------------------
+    def _float_node(self, node):
+        """A node the integer program runs in float, as the plain path does: its quantized inputs
+        dequantized (``c * s``: float32 ``(q - zp) * s``), the op itself in float32, a quantized
+        output rounded to its grid (``clip(rint(y / s), qmin - zp, qmax - zp)``: the quantizer's
+        float32 division). Equal to the plain path up to the float kernel's summation order,
+        which the plain path's own float kernels vary with the CPU (no integer rule to prove)."""
+        g = self.graph
+        renames = {}
+        for name in node.inputs:
+            if not name:
+                continue
+            v = g.values[name]
+            if v.is_const:
+                self.const(name, np.asarray(v.data))
+            elif v.quant is not None:
+                p = self.activation(node, name)
+                renames[name] = f"{name}::deq"
+                if renames[name] not in self._made:  # once per value, whoever else reads it in float
+                    self._made.add(renames[name])
+                    self.emit("Mul", [name, self.const(f"{name}::scale", np.float32(p.scale))], renames[name])
+        quantized = {y for y in node.outputs if y and g.values[y].quant is not None}
+        for y in quantized:
+            self.activation(node, y)
+        for emitted in _nodes_of(g, node):
+            emitted.input[:] = [renames.get(n, n) for n in emitted.input]
+            emitted.output[:] = [f"{n}::float" if n in quantized else n for n in emitted.output]
+            self.nodes.append(emitted)
+        for y in quantized:
+            p = g.values[y].quant
+            zp = int(p.zero_point)
+            ratio = self.emit("Div", [f"{y}::float", self.const(f"{y}::scale", np.float32(p.scale))], f"{y}::ratio")
+            rounded = self.emit("Round", [ratio], f"{y}::rint")
+            self.emit("Clip", [rounded, self.const(f"{y}::lo", np.float32(p.qmin - zp)),
+                               self.const(f"{y}::hi", np.float32(p.qmax - zp))], y)
+        self.report[node.name] = "in float (kept in float by the quantizer)"
 
     # -- compute ---------------------------------------------------------------------------
     def _compute(self, node):
@@ -474,9 +515,14 @@ class LoweredSimulator:
     float lowering above (``form`` "float"). Each node's requantization is proven
     when it is built. Raises UnsupportedError naming the first node neither can
     lower. ``form`` (argument) asks for one of the two; ``lowering`` maps each node
-    to how it runs."""
+    to how it runs. ``float_nodes``: nodes the program runs in float (kept in float by
+    the quantizer) run in ONNX Runtime's float kernels instead of being refused; their
+    results then equal the plain path's up to the float kernels' summation order (which
+    the plain path's own torch kernels vary with the CPU), a code now and then at a
+    rounding boundary, so only evaluations that compare top-1 (``analyze``) ask for it."""
 
-    def __init__(self, graph, rounding: str = "fixedpoint", threads: int | None = None, form: str | None = None):
+    def __init__(self, graph, rounding: str = "fixedpoint", threads: int | None = None, form: str | None = None,
+                 float_nodes: bool = False):
         import onnxruntime as ort
 
         from .qoperator import QOperatorBuilder
@@ -490,7 +536,7 @@ class LoweredSimulator:
         forms = {"qoperator": QOperatorBuilder, "float": _Builder}
         for self.form in [form] if form else list(forms):
             try:
-                builder = forms[self.form](self.plain)
+                builder = forms[self.form](self.plain, float_nodes)
                 self.model = builder.build()
                 self.session = _session(self.model, options)
                 break

@@ -32,6 +32,14 @@ def channel_ranges(plain, node) -> tuple[np.ndarray, ...]:
     return b0 - spread, b0 + spread, lo, hi
 
 
+def runs_in_float(graph, node, kind) -> bool:
+    """Whether the integer program runs ``node`` in float (as the plain simulator does): kept in
+    float by the quantizer (no quantization kind), or a node that only moves values applied to
+    a float one."""
+    return kind is None or (kind in ("passthrough", "concat") and bool(node.inputs) and
+                            graph.values[node.inputs[0]].quant is None)
+
+
 class LoweringBuilder:
     """Subclasses set ``ELEM_TYPE`` (the ONNX type of the graph's inputs and outputs),
     ``SUFFIX`` (of the graph name), ``DOMAINS`` (extra opset domains), implement
@@ -41,8 +49,9 @@ class LoweringBuilder:
     SUFFIX: str
     DOMAINS: tuple = ()
 
-    def __init__(self, plain):
+    def __init__(self, plain, float_nodes: bool = False):
         self.plain = plain  # the plain IntegerSimulator: node constants, tables, the reference
+        self.float_nodes = float_nodes  # lower the nodes the program runs in float (else a refusal)
         self.graph = plain.graph
         self.nodes: list = []
         self.inits: list = []
@@ -68,6 +77,10 @@ class LoweringBuilder:
     def check_inputs(self) -> None:
         raise NotImplementedError
 
+    def lower(self, node, handler) -> None:
+        """Lower one node with the handler of its kind (a subclass may route it elsewhere)."""
+        handler(node)
+
     def is_index(self, name: str) -> bool:
         """An unquantized integer value (token ids, positions, shapes): ONNX Runtime computes it
         exactly as the plain path does, with the op itself."""
@@ -79,8 +92,12 @@ class LoweringBuilder:
         self.check_inputs()
         for node in g.nodes:
             kind = self.plain._kind(node)
-            handler = getattr(self, f"_{kind}", None) if kind else None
-            if handler is None and all(self.is_index(n) for n in (*node.inputs, *node.outputs) if n):
+            in_float = runs_in_float(g, node, kind)
+            if in_float:
+                handler = getattr(self, "_float_node", None) if self.float_nodes else None
+            else:
+                handler = getattr(self, f"_{kind}", None)
+            if (in_float or handler is None) and all(self.is_index(n) for n in (*node.inputs, *node.outputs) if n):
                 for name in node.inputs:
                     if name and g.values[name].is_const:
                         self.const(name, np.asarray(g.values[name].data))
@@ -88,10 +105,10 @@ class LoweringBuilder:
                 self.report[node.name] = "integer index arithmetic"
                 continue
             if handler is None:
-                self.refuse(node, f"no lowering for a '{kind}' node" if kind else "it runs in float")
-            handler(node)
+                self.refuse(node, "it runs in float" if in_float else f"no lowering for a '{kind}' node")
+            self.lower(node, handler)
             self.report.setdefault(node.name, kind)
-        info = [helper.make_tensor_value_info(n, dtypes.to_onnx(g.values[n].dtype) if self.is_index(n)
+        info = [helper.make_tensor_value_info(n, dtypes.to_onnx(g.values[n].dtype) if g.values[n].quant is None
                                               else self.ELEM_TYPE, list(g.values[n].shape))
                 for n in (*g.inputs, *g.outputs)]
         graph = helper.make_graph(self.nodes, f"{g.name}-{self.SUFFIX}", info[:len(g.inputs)], info[len(g.inputs):],

@@ -22,7 +22,7 @@ integer operators (QOperator form), on uint8 codes.
 * ops that move codes: the op itself, on uint8.
 
 Any other node (a Conv with a channel no float32 scale reproduces, fixed-point
-Add / pooling, Sub...) is lowered by the float lowering
+Add / pooling, Sub, a node with an int16 operand...) is lowered by the float lowering
 (:mod:`npuforge.sim.lowered`) between conversions of its activations from codes
 to float ``q - zp`` and back, so one session runs the whole graph; what it
 cannot lower raises :class:`~npuforge.errors.UnsupportedError`.
@@ -41,7 +41,7 @@ from ..export.onnx_export import _nodes_of
 from ..ops.activation import FUSED_ATTRS
 from ..quant.requant import multiplier_value
 from .lowered import _Builder, channel_subset, requant_rule, uint8_weights
-from .lowering_base import LoweringBuilder, channel_ranges
+from .lowering_base import LoweringBuilder, channel_ranges, runs_in_float
 from .monotone_fit import Formula, fit_channels, float32_nudged, verify
 
 SCALE_NUDGES = tuple(sorted(range(-3, 4), key=abs))  # ulps from float32(multiplier) tried per channel
@@ -87,14 +87,16 @@ class QOperatorBuilder(LoweringBuilder):
         """[scale, zero point] initializers of a uint8 per-tensor activation (or a refusal)."""
         return [self.const(f"{name}::scale", np.float32(self.codes(node, name).scale)), self.zero_point(node, name)]
 
-    def __init__(self, plain):
-        super().__init__(plain)
+    def __init__(self, plain, float_nodes: bool = False):
+        super().__init__(plain, float_nodes)
         self._float = None  # the float lowering, for the nodes with no QLinear form
         self._float_names: dict[str, str] = {}  # activation -> its float "q - zp" copy
 
     def check_inputs(self) -> None:
         for name in self.graph.inputs:
-            self.codes(None, name)
+            v = self.graph.values[name]
+            if v.quant is not None or v.dtype != "float32":  # a float input feeds nodes kept in float
+                self.codes(None, name)
 
     # -- nodes lowered in float ------------------------------------------------------------
     def _float_builder(self):
@@ -105,32 +107,58 @@ class QOperatorBuilder(LoweringBuilder):
             self._float._made = self._made
         return self._float
 
+    def _uint8(self, name: str) -> bool:
+        p = self.graph.values[name].quant
+        return p is not None and p.dtype == "uint8" and not p.per_channel
+
+    def lower(self, node, handler) -> None:
+        """A node reading or writing a quantized activation that is not uint8 per-tensor (an int16
+        layer of a mixed-precision program) has no QLinear form: it runs in the float lowering,
+        its wide values held only as float copies."""
+        g = self.graph
+        if any(n and g.values[n].quant is not None and not g.values[n].is_const and not self._uint8(n)
+               for n in (*node.inputs, *node.outputs)):
+            return self._in_float(node, "an operand that is not uint8")
+        handler(node)
+
     def _in_float(self, node, why: str):
         """Lower ``node`` with the float lowering on float copies of its activations."""
         self._float_builder()
         g = self.graph
-        renames = {n: self._as_float(node, n) for n in node.inputs if n and not g.values[n].is_const}
+        # float values (no parameters: computed in float) are read as they are
+        renames = {n: self._as_float(node, n) for n in node.inputs
+                   if n and not g.values[n].is_const and g.values[n].quant is not None}
         start = len(self.nodes)
-        getattr(self._float, f"_{self.plain._kind(node)}")(node)
-        renames.update({y: f"{y}::f" for y in node.outputs if y})
+        kind = self.plain._kind(node)
+        getattr(self._float, "_float_node" if runs_in_float(g, node, kind) else f"_{kind}")(node)
+        quantized = [y for y in node.outputs if y and g.values[y].quant is not None]
+        renames.update({y: f"{y}::f" for y in quantized})
         for emitted in self.nodes[start:]:
             for field in (emitted.input, emitted.output):
                 names = [renames.get(n, n) for n in field]
                 del field[:]
                 field.extend(names)
             emitted.name = emitted.output[0]  # nodes are named after their output
-        for y in node.outputs:
-            if y:
-                self._float_names[y] = f"{y}::f"  # later nodes in float read it as it is
-                shifted = self.emit("Add", [f"{y}::f", self.const(f"{y}::zp_f", self._zero_point(y))], f"{y}::fq")
-                self.emit("Cast", [shifted], y, to=TensorProto.UINT8)
+        for y in quantized:
+            self._float_names[y] = f"{y}::f"  # later nodes in float read it as it is
+            if not self._uint8(y):  # an int16 value lives only as its float copy
+                if y in g.outputs:
+                    self.refuse(node, f"graph output '{y}' is not uint8")
+                continue
+            shifted = self.emit("Add", [f"{y}::f", self.const(f"{y}::zp_f", self._zero_point(y))], f"{y}::fq")
+            self.emit("Cast", [shifted], y, to=TensorProto.UINT8)
         self.report[node.name] = f"in float ({why}): {self._float.report.get(node.name, '')}"
+
+    def _float_node(self, node):
+        self._in_float(node, "kept in float")
 
     def _zero_point(self, name: str) -> np.float32:
         return np.float32(int(self.graph.values[name].quant.zero_point))
 
     def _as_float(self, node, name: str) -> str:
         """``name``'s codes as float ``q - zp`` (made once)."""
+        if name in self._float_names:
+            return self._float_names[name]
         self.codes(node, name)
         if name not in self._float_names:
             f = self.emit("Cast", [name], f"{name}::f32", to=TensorProto.FLOAT)
@@ -146,8 +174,7 @@ class QOperatorBuilder(LoweringBuilder):
         x_zp, y_zp = self.zero_point(node, x), self.zero_point(node, y)
         prep = self.plain._prep_compute(node)
         lo, hi = prep["bounds"]
-        if not (isinstance(lo, int) and isinstance(hi, int)):
-            return self._in_float(node, "per-channel saturation bounds")
+        per_channel = not (isinstance(lo, int) and isinstance(hi, int))  # an equalized model's fused Relu6
         scales, bias, proven = self._scales(node)
         rest = np.flatnonzero(~proven)
         group = node.attrs.get("group", 1) if node.op == "Conv" else 1
@@ -156,7 +183,7 @@ class QOperatorBuilder(LoweringBuilder):
             return self._in_float(node, "a grouped convolution with channels no float32 scale reproduces")
         if rest.size and prep["ftype"] is not torch.float32:
             return self._in_float(node, "channels no float32 scale reproduces, with accumulators beyond 2^24")
-        narrow = (lo, hi) != (self.codes(node, y).qmin, self.codes(node, y).qmax)
+        narrow = per_channel or (lo, hi) != (self.codes(node, y).qmin, self.codes(node, y).qmax)
         stages = ["conv"] + ["clip"] * narrow + ["merge"] * bool(rest.size) + ["squeeze"] * (node.op == "Gemm")
         out = {stage: (y if stage == stages[-1] else f"{y}::{stage}") for stage in stages}
         x4 = x
@@ -172,7 +199,13 @@ class QOperatorBuilder(LoweringBuilder):
         attrs = {k: v for k, v in node.attrs.items() if k not in FUSED_ATTRS and v is not None and v != []} \
             if node.op == "Conv" else {}
         t = self.emit("QLinearConv", ins, out["conv"], **attrs)
-        if narrow:  # a fused Relu / Clip narrower than the type
+        if narrow and per_channel:  # Max / Min with [C, 1, ...] bounds (Clip takes scalars only)
+            rank = 4 if node.op == "Gemm" else len(self.graph.values[y].shape)  # a Gemm runs as [N, K, 1, 1]
+            bound = lambda v: np.broadcast_to(np.asarray(v), (w.shape[0],)).astype(np.uint8).reshape(  # noqa: E731
+                (-1,) + (1,) * (rank - 2))
+            t = self.emit("Max", [t, self.const(f"{y}::lo_c", bound(lo))], f"{y}::max")
+            t = self.emit("Min", [t, self.const(f"{y}::hi_c", bound(hi))], out["clip"])
+        elif narrow:  # a fused Relu / Clip narrower than the type
             t = self.emit("Clip", [t, self.const(f"{y}::lo", np.uint8(lo)), self.const(f"{y}::hi", np.uint8(hi))],
                           out["clip"])
         self.report[node.name] = "QLinearConv"
