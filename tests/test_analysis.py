@@ -15,6 +15,7 @@ from PIL import Image
 import npuforge
 from npuforge.analysis import analyze
 from npuforge.analysis.layers import LayerProbe
+from npuforge.analysis.search import with_changes
 from npuforge.analysis.metrics import ErrorStats, weight_stats
 from npuforge.analysis.report import render
 from npuforge.analysis.session import Calibration, Evaluator
@@ -131,6 +132,30 @@ def test_per_channel_override_and_observer_override(net):
     assert clipped.values[out].quant.scale < plain.values[out].quant.scale
     with pytest.raises(npuforge.NpuforgeError, match="per_channel names unknown"):
         cal.build(QuantConfig(per_channel=["nope"]))
+
+
+def test_int_engine_scores_the_integer_program_and_each_distinct_program_once(net):
+    """engine "int" (analyze's default) is the top-1 of the integer program as npuforge eval --engine
+    int computes it (the plain simulator here, the reference), a layer kept in float included; two
+    configurations that quantize alike are one program, scored once."""
+    from npuforge.analysis.search import Scorer, program_key
+    from npuforge.sim.integer import IntegerSimulator
+
+    graph, calib, x, labels = net
+    cal = Calibration(optimize(graph)[0], calib)
+    base = QuantConfig(granularity="per-tensor")
+    ev = Evaluator(x, labels, "int", batch_size=32)
+    for changes in ({}, {DW: "float"}, {DW: "int16"}):
+        q = cal.build(with_changes(base, changes))
+        want = IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x})[q.outputs[0]]
+        assert ev.top1(q) == pytest.approx(100.0 * float((want.argmax(1) == labels).mean()))
+    assert ev.engine == "int"
+    per_channel = QuantConfig()  # asking for per-channel weights on a per-channel model changes nothing
+    assert program_key(cal.build(with_changes(per_channel, {DW: "per-channel"}))) == program_key(cal.build(per_channel))
+    assert program_key(cal.build(with_changes(per_channel, {DW: "float"}))) != program_key(cal.build(per_channel))
+    scorer = Scorer(cal, Evaluator(x, labels, "int"), per_channel)
+    scorer.top1({}), scorer.top1({DW: "per-channel"}), scorer.top1({DW: "float"})
+    assert scorer.ev.runs == 2 and len(scorer.memo) == 3
 
 
 def test_layer_errors_and_ranking_name_the_bad_layer(net):

@@ -14,7 +14,7 @@ from ..quant.config import QuantConfig
 from ..quant.layerwise import fixed_batch
 from ..quant.observers import METHODS
 from .layers import LayerProbe
-from .search import Scorer, explain, search, try_fixes, with_changes
+from .search import Scorer, explain, program_key, search, try_fixes, with_changes
 from .session import Calibration, Evaluator, ort_logits
 
 
@@ -54,7 +54,7 @@ def _remedy(graph, calib_batches, config: QuantConfig, steps: tuple, ev, int8: f
 
 def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config: QuantConfig | None = None, *,
             analysis_images: int = 16, fix_layers: int = 3, target_drop: float | None = None,
-            max_layers: int = 16, engine: str = "ort", log=None, optimize: bool = True,
+            max_layers: int = 16, engine: str = "int", log=None, optimize: bool = True,
             remedies: tuple = DEFAULT_REMEDIES, batch_size: int = 50):
     """-> (result dict, quantized graph: the search's choice with a target, else plain int8).
 
@@ -84,7 +84,7 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
         log(f"note: Concat '{m['node']}' quantized in int16: its inputs' ranges differ {m['ratio']:.0f}x")
     lap("calibrate_and_quantize")
 
-    ev = Evaluator(x_eval, y_eval, engine, batch_size)
+    ev = Evaluator(x_eval, y_eval, engine, batch_size, log=log)
     fp32, int8 = ev.top1(opt), ev.top1(qgraph)
     log(f"top-1 on {len(x_eval)} images: FP32 {fp32:.2f}%, int8 {int8:.2f}%")
     lap("evaluate")
@@ -107,7 +107,7 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
     lap("isolated_output_errors")
 
     scorer = Scorer(cal, ev, config, log=log)
-    scorer.memo[((), ())] = int8
+    scorer.memo[((), ())] = scorer.programs[program_key(qgraph)] = int8
     log("how much of the drop the worst layers explain (kept in float)")
     explained = explain(scorer, ranked, fp32, int8)
     lap("explain")
@@ -136,7 +136,7 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
         log(f"mixed-precision search: top-1 within {target_drop} of FP32 with the fewest int16 / float layers")
         result_search = search(scorer, ranked, fp32, int8, target_drop, max_layers)
         best = cal.build(with_changes(config, result_search["changes"]))
-        if engine == "ort":  # the number npuforge eval prints for the written model
+        if ev.engine == "ort":  # the number npuforge eval prints for the written model (with "int": its own)
             result_search["top1_fake_quant"] = round(Evaluator(x_eval, y_eval, "npuforge", batch_size).top1(best), 3)
         lap("search")
 
@@ -146,7 +146,7 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
         "calibration_images": cal.images,
         "evaluation_images": int(len(x_eval)),
         "analysis_images": int(len(xa)),
-        "engine": engine,
+        "engine": ev.engine,
         "fp32_top1": round(fp32, 3), "int8_top1": round(int8, 3), "drop": round(fp32 - int8, 3),
         "output": probe.output_stats.to_dict(),
         "layers": [_layer_dict(layer) for layer in probe.layers],

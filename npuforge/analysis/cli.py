@@ -41,9 +41,11 @@ def add_analyze_parser(sub) -> None:
     p.add_argument("--target-drop", type=float, metavar="D",
                    help="search the fewest int16 / float layers that bring top-1 within D points of FP32")
     p.add_argument("--max-layers", type=int, default=16, metavar="N", help="search among the N worst layers")
-    p.add_argument("--engine", default="ort", choices=("ort", "npuforge"),
-                   help="who computes top-1 while analysing: ort (QDQ in ONNX Runtime with graph optimizations "
-                        "off: the fake-quant numbers up to float rounding, fast; default) or npuforge (fake-quant)")
+    p.add_argument("--engine", default="int", choices=("int", "ort", "npuforge"),
+                   help="who computes top-1 while analysing: int (the integer program on the simulator's fast "
+                        "exact path, as npuforge eval --engine int; default), ort (QDQ in ONNX Runtime with graph "
+                        "optimizations off: the fake-quant numbers up to float rounding; 2-4x slower) or npuforge "
+                        "(fake-quant)")
     p.add_argument("--output", "-o", metavar="OUT.nfir", help="write the quantized model the search chose "
                                                               "(or plain int8 without --target-drop)")
     p.add_argument("--remedies", default="equalize,equalize+bias_correction", metavar="LIST",

@@ -8,6 +8,9 @@ the one cached calibration and scored by top-1 on the evaluation images.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+
+import numpy as np
 
 from ..quant.config import QuantConfig
 
@@ -21,17 +24,42 @@ def with_changes(base: QuantConfig, changes: dict) -> QuantConfig:
                                per_channel=base.per_channel + pick("per-channel"))
 
 
+def program_key(graph) -> str:
+    """A digest of what a quantized graph computes: its nodes (op, attributes, integer
+    parameters), every value's quantization parameters and the constants' data. Two
+    configurations that quantize alike (another observer on a Relu6 output, whose range is
+    fixed) give the same key, so the program is scored once."""
+    h = hashlib.sha256()
+    for node in graph.nodes:
+        h.update(repr((node.name, node.op, node.inputs, node.outputs, sorted(node.attrs.items()),
+                       sorted(node.quant.items()))).encode())
+    for name in sorted(graph.values):
+        v = graph.values[name]
+        h.update(repr((name, v.dtype, v.shape)).encode())
+        if v.quant is not None:
+            h.update(repr((v.quant.dtype, v.quant.axis)).encode())
+            h.update(np.asarray(v.quant.scale).tobytes() + np.asarray(v.quant.zero_point).tobytes())
+        if v.is_const and v.data is not None:
+            h.update(np.ascontiguousarray(v.data).tobytes())
+    return h.hexdigest()
+
+
 class Scorer:
-    """top-1 of configurations, each built and evaluated once."""
+    """top-1 of configurations, each built once and each distinct program evaluated once."""
 
     def __init__(self, calibration, evaluator, base: QuantConfig, log=None):
         self.cal, self.ev, self.base, self.log = calibration, evaluator, base, log
         self.memo: dict = {}
+        self.programs: dict = {}  # program_key -> top-1
 
     def top1(self, changes: dict, methods: dict | None = None) -> float:
         key = (tuple(sorted(changes.items())), tuple(sorted((methods or {}).items())))
         if key not in self.memo:
-            self.memo[key] = self.ev.top1(self.cal.build(with_changes(self.base, changes), methods))
+            graph = self.cal.build(with_changes(self.base, changes), methods)
+            program = program_key(graph)
+            if program not in self.programs:
+                self.programs[program] = self.ev.top1(graph)
+            self.memo[key] = self.programs[program]
             if self.log:
                 what = ", ".join(f"{n} {f}" for n, f in sorted(changes.items())) or "all int8"
                 extra = f" observers {methods}" if methods else ""

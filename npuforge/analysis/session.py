@@ -136,21 +136,32 @@ class Calibration:
         return graph
 
 
+ENGINES = ("int", "ort", "npuforge")
+
+
 class Evaluator:
     """Top-1 of a float or quantized graph over fixed, preprocessed images.
 
-    engine "ort": the float graph, or the quantized graph as QDQ, in ONNX Runtime with
-    its graph optimizations off, so Q/DQ stay separate float ops and no int8 kernel
-    runs (the fake-quant numbers, up to float rounding; several times faster than
-    npuforge's executor). engine "npuforge": npuforge's float / fake-quant executor.
+    engine "int" (the default): a quantized graph's integer program, on the simulator's
+    fast exact path (ONNX Runtime's integer kernels, fixed-point rounding: what
+    ``npuforge eval --engine int`` computes), its nodes kept in float in ONNX Runtime's
+    float kernels. When the first quantized graph has no such lowering, every quantized
+    graph after it is scored as with "ort" (a note says so); a later variant that alone
+    has none runs on the plain simulator. engine "ort": the quantized graph as QDQ in ONNX
+    Runtime with its graph optimizations off, so Q/DQ stay separate float ops and no int8
+    kernel runs (the fake-quant numbers, up to float rounding). engine "npuforge":
+    npuforge's float / fake-quant executor. Float graphs run in ONNX Runtime (float) with
+    "int" and "ort".
     """
 
-    def __init__(self, x: np.ndarray, labels: np.ndarray, engine: str = "ort", batch_size: int = 50):
-        if engine not in ("ort", "npuforge"):
-            raise NpuforgeError(f"--engine {engine}: choose ort or npuforge")
+    def __init__(self, x: np.ndarray, labels: np.ndarray, engine: str = "int", batch_size: int = 50, log=None):
+        if engine not in ENGINES:
+            raise NpuforgeError(f"--engine {engine}: choose {', '.join(ENGINES)}")
         self.x, self.labels, self.engine, self.batch_size = x, labels, engine, batch_size
+        self.log = log or (lambda m: None)
         self.runs = 0
         self.seconds = 0.0
+        self._lowered_once = False
 
     def logits(self, graph) -> np.ndarray:
         from ..sim.fake_quant import is_quantized, run_fake_quant
@@ -158,7 +169,9 @@ class Evaluator:
         start = time.perf_counter()
         quantized = is_quantized(graph)
         name = graph.inputs[0]
-        if self.engine == "ort":
+        if self.engine == "int" and quantized:
+            out = self._integer_logits(graph)
+        elif self.engine in ("int", "ort"):
             out = ort_logits(graph, self.x, self.batch_size)
         else:
             def run(b):
@@ -169,12 +182,35 @@ class Evaluator:
         self.seconds += time.perf_counter() - start
         return out
 
+    def _integer_logits(self, graph) -> np.ndarray:
+        from ..errors import UnsupportedError
+        from ..sim.integer import IntegerSimulator
+        from ..sim.lowered import LoweredSimulator
+
+        try:
+            sim = LoweredSimulator(graph, "fixedpoint", float_nodes=True)
+        except UnsupportedError as e:
+            if not self._lowered_once:
+                self.log(f"note: the integer program has no fast lowering ({e}); top-1 is scored on the QDQ "
+                         f"model in ONNX Runtime instead (--engine ort)")
+                self.engine = "ort"
+                return ort_logits(graph, self.x, self.batch_size)
+            self.log(f"note: this variant has no fast lowering ({e}); the plain integer simulator scores it")
+            sim = IntegerSimulator(graph, "fixedpoint")
+        self._lowered_once = True
+        name, out = graph.inputs[0], graph.outputs[0]
+        return np.concatenate([sim.run({name: self.x[i:i + self.batch_size]})[out]
+                               for i in range(0, len(self.x), self.batch_size)])
+
     def top1(self, graph) -> float:
         return top1(self.logits(graph), self.labels)
 
 
-def ort_logits(graph, x: np.ndarray, batch_size: int = 50) -> np.ndarray:
-    """The graph's first output in ONNX Runtime: float, or QDQ with graph optimizations off."""
+def ort_logits(graph, x: np.ndarray, batch_size: int = 50, optimized: bool = False) -> np.ndarray:
+    """The graph's first output in ONNX Runtime: float, or QDQ with graph optimizations off.
+    ``optimized``: a QDQ graph with ONNX Runtime's float optimizations on (its blocked conv
+    layout, fused activations) but no QDQ fusion, so Q/DQ still run as float ops: the same
+    fake-quant function in another summation order, 2.2x faster on a mostly float graph."""
     from ..export import to_onnx, to_qdq_onnx
     from ..sim.fake_quant import is_quantized
 
@@ -182,7 +218,9 @@ def ort_logits(graph, x: np.ndarray, batch_size: int = 50) -> np.ndarray:
     model = to_qdq_onnx(graph) if quantized else to_onnx(graph)
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    if quantized:
+    if quantized and optimized:
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
+    elif quantized:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     out_name, in_name = session.get_outputs()[0].name, session.get_inputs()[0].name

