@@ -585,3 +585,15 @@ def test_compare_reference_script(capsys):
     assert result["images"] == 8 and result["max_abs_logit_diff"] < 1e-5
     assert result["top1"]["ours"] == result["top1"]["reference"]
     assert compare_main(["resnet18", "--data", str(SAMPLE)]) == 2
+
+
+@pytest.mark.parametrize("option", ["--batch-size", "--limit"])
+def test_compare_reference_counts_are_positive_integers(capsys, option):
+    """0 or a negative count is a usage error naming the option (0 images per batch never ended)."""
+    from npuforge.zoo.compare_reference import main as compare_main
+
+    for bad in ("0", "-3", "x"):
+        with pytest.raises(SystemExit) as e:
+            compare_main(["efficientnet_lite0", "--data", ".", option, bad])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and f"argument {option}" in err[-1] and "Traceback" not in "\n".join(err)

@@ -16,6 +16,7 @@ import warnings
 
 import torch
 
+from ..argtypes import positive_int
 from ..errors import NpuforgeError
 
 
@@ -66,8 +67,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m npuforge.zoo.compare_reference", description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="+", help="efficientnet_lite0 / 1 / 2")
     parser.add_argument("--data", required=True, help="image folder (flat <wnid>_name.JPEG or ImageFolder)")
-    parser.add_argument("--batch-size", type=int, default=50)
-    parser.add_argument("--limit", type=int)
+    parser.add_argument("--batch-size", type=positive_int, default=50, help="images per batch (default 50)")
+    parser.add_argument("--limit", type=positive_int, help="compare on at most N images")
     parser.add_argument("-q", "--quiet", action="store_true")
     args = parser.parse_args(argv)
     try:
