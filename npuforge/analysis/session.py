@@ -162,6 +162,7 @@ class Evaluator:
         self.runs = 0
         self.seconds = 0.0
         self._lowered_once = False
+        self._codes: dict = {}  # the images quantized once per distinct input grid
 
     def logits(self, graph) -> np.ndarray:
         from ..sim.fake_quant import is_quantized, run_fake_quant
@@ -199,8 +200,23 @@ class Evaluator:
             sim = IntegerSimulator(graph, "fixedpoint")
         self._lowered_once = True
         name, out = graph.inputs[0], graph.outputs[0]
-        return np.concatenate([sim.run({name: self.x[i:i + self.batch_size]})[out]
-                               for i in range(0, len(self.x), self.batch_size)])
+        x = self._input_codes(graph.values[name].quant)
+        return np.concatenate([sim.run({name: x[i:i + self.batch_size]})[out]
+                               for i in range(0, len(x), self.batch_size)])
+
+    def _input_codes(self, p) -> np.ndarray:
+        """The images as the integer program's input codes (its host's QuantizeLinear), computed once
+        per input grid and fed as codes; the float images where the input is not quantized."""
+        from ..quant.params import check_finite
+        from ..sim.integer import quantize_input
+
+        if p is None:
+            return self.x
+        key = (p.dtype, p.axis, np.asarray(p.scale).tobytes(), np.asarray(p.zero_point).tobytes())
+        if key not in self._codes:
+            check_finite(self.x, "the evaluation images", "the integer simulator")
+            self._codes[key] = quantize_input(self.x, p)
+        return self._codes[key]
 
     def top1(self, graph) -> float:
         return top1(self.logits(graph), self.labels)

@@ -69,6 +69,29 @@ def _x86_with_vnni() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64") and not cpu_lacks_vnni()
 
 
+_PROVEN: dict = {}  # _proof_key -> what QOperatorBuilder._scales proved
+
+
+def _proof_key(plain, node, prep: dict, *ranges) -> str:
+    """A digest of everything the proof of a node's QLinearConv scales reads: the rounding
+    rule (mode, function, int32 saturation, multipliers / scales), the bias, the output's
+    zero point and the channels' accumulator and output ranges."""
+    import hashlib
+
+    rule = prep.get("R")
+    h = hashlib.sha256(repr((plain.rounding, getattr(rule, "__module__", None), getattr(rule, "__qualname__", None),
+                             prep.get("fits_int32"), int(plain._q(node.outputs[0]).zero_point))).encode())
+    for k in ("M", "S", "Mneg", "Sneg", "scale", "scale_neg", "bias"):
+        v = prep.get(k)
+        v = None if v is None else np.ascontiguousarray(np.asarray(v))
+        h.update(repr((k, None if v is None else (v.dtype.str, v.shape))).encode())
+        if v is not None:
+            h.update(v.tobytes())
+    for arr in ranges:
+        h.update(np.ascontiguousarray(arr, np.int64).tobytes())
+    return h.hexdigest()
+
+
 class QOperatorBuilder(LoweringBuilder):
     ELEM_TYPE, SUFFIX, DOMAINS = TensorProto.UINT8, "qoperator", ("com.microsoft",)
 
@@ -262,10 +285,22 @@ class QOperatorBuilder(LoweringBuilder):
         ONNX Runtime adds the bias in int32, so each channel's accumulators must stay
         in int32. A channel whose output is one constant over its range (a dead
         channel, say, its bias saturated at int32's end) gets scale 1 and a bias
-        that gives that constant with the range inside int32."""
+        that gives that constant with the range inside int32.
+
+        Proven once per process for each distinct rule and range (:func:`_proof_key`): the
+        configurations a mixed-precision search builds share most of their layers."""
         plain = self.plain
         prep = plain._prep_compute(node)
         a, b, lo, hi = channel_ranges(plain, node)
+        key = _proof_key(plain, node, prep, a, b, lo, hi)
+        if key not in _PROVEN:
+            if len(_PROVEN) >= 4096:
+                _PROVEN.clear()
+            _PROVEN[key] = self._prove_scales(node, prep, a, b, lo, hi)
+        return tuple(None if v is None else v.copy() for v in _PROVEN[key])
+
+    def _prove_scales(self, node, prep, a, b, lo, hi):
+        plain = self.plain
         rule = requant_rule(plain, node, prep, lo, hi)
         bias = np.zeros(a.shape, np.int64) if prep["bias"] is None else \
             np.broadcast_to(prep["bias"], a.shape).astype(np.int64)
