@@ -342,3 +342,43 @@ def test_efficientnet_lite0_analysis_names_the_first_depthwise_conv(imagenet_sam
     assert result["evaluation_images"] == 10 and len(result["layers"]) == 60
     top = result["ranking"][:4]
     assert "/blocks/blocks.0/dw/conv/Conv" in top, top
+
+
+class _CountingScorer:
+    """A stand-in Scorer: top-1 from a formula of the changes, every new configuration counted."""
+
+    def __init__(self, score):
+        self.score, self.memo = score, {}
+
+    def known(self, changes):
+        return self.memo.get(tuple(sorted(changes.items())))
+
+    def top1(self, changes, methods=None):
+        return self.memo.setdefault(tuple(sorted(changes.items())), self.score(changes))
+
+
+def _layers(n, prefer_int16=()):
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(node=f"L{k}", isolated=SimpleNamespace(noise=1.0),
+                            variants={"int16": SimpleNamespace(noise=0.1 if k in prefer_int16 else 0.9)})
+            for k in range(n)]
+
+
+def test_search_starts_from_scored_prefixes_and_falls_back_to_float():
+    from npuforge.analysis.search import search
+
+    # each float layer +2 points, each int16 one +1; goal 90 from 80: five float layers
+    score = lambda ch: 80.0 + sum(2.0 if f == "float" else 1.0 for f in ch.values())  # noqa: E731
+    layers = _layers(8)
+    scorer = _CountingScorer(score)
+    for n in (1, 3, 6):  # what explain scored: the worst n in float
+        scorer.top1({f"L{k}": "float" for k in range(n)})
+    s = search(scorer, layers, 91.0, 80.0, 1.0, max_layers=8)
+    assert s["reached"] and s["changes"] == {f"L{k}": "float" for k in range(5)} and s["top1"] == 90.0
+    assert "L7" not in {n for key in scorer.memo for n, _ in key}  # the whole list never needed scoring
+    # int16 preferred everywhere but never enough: the search retries with every candidate in float
+    layers = _layers(8, prefer_int16=range(8))
+    scorer = _CountingScorer(score)
+    s = search(scorer, layers, 91.0, 80.0, 1.0, max_layers=8)
+    assert s["reached"] and s["changes"] == {f"L{k}": "float" for k in range(5)}

@@ -52,8 +52,16 @@ class Scorer:
         self.memo: dict = {}
         self.programs: dict = {}  # program_key -> top-1
 
+    @staticmethod
+    def key(changes: dict, methods: dict | None = None) -> tuple:
+        return tuple(sorted(changes.items())), tuple(sorted((methods or {}).items()))
+
+    def known(self, changes: dict) -> float | None:
+        """The top-1 of ``changes`` if it was scored already, else None."""
+        return self.memo.get(self.key(changes))
+
     def top1(self, changes: dict, methods: dict | None = None) -> float:
-        key = (tuple(sorted(changes.items())), tuple(sorted((methods or {}).items())))
+        key = self.key(changes, methods)
         if key not in self.memo:
             graph = self.cal.build(with_changes(self.base, changes), methods)
             program = program_key(graph)
@@ -119,6 +127,8 @@ def search(scorer: Scorer, ranked: list, fp32: float, int8: float, target_drop: 
     (int16 when that removes most of its isolated error, else float). A binary search
     finds the shortest prefix of the ranking that reaches the goal; then each chosen
     layer is dropped when the goal holds without it, and each float layer tried in int16.
+    Prefixes already scored (``explain``'s worst layers in float, when those are the
+    preferred fixes) bound the binary search before anything new is evaluated.
     """
     goal = fp32 - target_drop
     result = {"target_drop": target_drop, "goal_top1": round(goal, 3), "fp32_top1": round(fp32, 3)}
@@ -127,15 +137,22 @@ def search(scorer: Scorer, ranked: list, fp32: float, int8: float, target_drop: 
     before = len(scorer.memo)
     cand = ranked[:max_layers]
     prefer = {layer.node: preferred_fix(layer) for layer in cand}
-    prefix = lambda n, fixes=prefer: {layer.node: fixes[layer.node] for layer in cand[:n]}  # noqa: E731
+    prefix = lambda n: {layer.node: prefer[layer.node] for layer in cand[:n]}  # noqa: E731 (prefer as it is now)
     ok = lambda changes: scorer.top1(changes) >= goal  # noqa: E731
-    if not ok(prefix(len(cand))):
-        prefer = {layer.node: "float" for layer in cand}
+    known = {n: scorer.known(prefix(n)) for n in range(1, len(cand) + 1)}
+    known = {n: top1 for n, top1 in known.items() if top1 is not None}
+    reaching = [n for n, top1 in known.items() if top1 >= goal]
+    if reaching:  # prefix hi is known to reach the goal: no need to score the whole candidate list
+        hi = min(reaching)
+        lo = max((n for n, top1 in known.items() if n < hi), default=0)
+    else:
         if not ok(prefix(len(cand))):
-            best = prefix(len(cand))
-            return {**result, "reached": False, "changes": best, "top1": round(scorer.top1(best), 3),
-                    "evaluations": len(scorer.memo) - before}
-    lo, hi = 0, len(cand)  # prefix lo fails (or is empty), prefix hi reaches the goal
+            prefer = {layer.node: "float" for layer in cand}
+            if not ok(prefix(len(cand))):
+                best = prefix(len(cand))
+                return {**result, "reached": False, "changes": best, "top1": round(scorer.top1(best), 3),
+                        "evaluations": len(scorer.memo) - before}
+        lo, hi = 0, len(cand)  # prefix lo fails (or is empty), prefix hi reaches the goal
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if ok(prefix(mid)):
