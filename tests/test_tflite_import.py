@@ -561,3 +561,105 @@ def test_load_dispatches_on_the_file_identifier(tmp_path):
     (tmp_path / "junk.tflite").write_bytes(b"\0" * 64)
     with pytest.raises(ModelFormatError, match="not a TFLite flatbuffer"):
         npuforge.load(tmp_path / "junk.tflite")
+
+
+# -- UNIDIRECTIONAL_SEQUENCE_LSTM (float), unrolled ---------------------------------------------------
+
+def lstm_model(batch=2, steps=5, n_in=3, n_cell=4, n_out=None, cifg=False, peephole=False, norm=False, proj=False,
+               time_major=False, cell_clip=0.0, proj_clip=0.0, act=4, seed=0, state=None, diagonal=False,
+               weight_dtype="float32", state_variable=True):
+    """A one-LSTM model x -> y as TensorFlow's converter writes it (24 inputs, -1 for the omitted
+    ones, h and c as variable tensors); ``state``: the states' data (a constant value)."""
+    rng = np.random.default_rng(seed)
+    n_out = n_out or n_cell
+    w = TFLiteWriter()
+    xs = (steps, batch, n_in) if time_major else (batch, steps, n_in)
+    x = w.tensor("x", xs, "float32")
+
+    def c(name, *shape, dtype="float32"):
+        data = rng.standard_normal(shape) * 0.6
+        return w.tensor(name, shape, dtype, data=data.astype(np.float32) if dtype == "float32" else
+                        np.clip(np.round(data * 50), -127, 127).astype(np.int8))
+
+    skip = lambda g: g == "i" and cifg  # noqa: E731
+    ins = [x]
+    ins += [-1 if skip(g) else c(f"W_{g}", n_cell, n_in, dtype=weight_dtype) for g in "ifco"]
+    ins += [-1 if skip(g) else c(f"R_{g}", n_cell, n_out) for g in "ifco"]
+    ins += [c(f"p_{g}", n_cell) if peephole and not skip(g) else -1 for g in "ifo"]
+    ins += [-1 if skip(g) else c(f"b_{g}", n_cell) for g in "ifco"]
+    ins += [c("P", n_out, n_cell) if proj else -1, c("Pb", n_out) if proj else -1]
+    ins += [w.tensor(name, (batch, n), "float32", variable=state_variable,
+                     data=None if state is None else np.full((batch, n), state, np.float32))
+            for name, n in (("h0", n_out), ("c0", n_cell))]
+    ins += [c(f"ln_{g}", n_cell) if not skip(g) else -1 for g in "ifco"] if norm else []
+    y = w.tensor("y", (steps, batch, n_out) if time_major else (batch, steps, n_out), "float32")
+    w.operator(BuiltinOperator.UNIDIRECTIONAL_SEQUENCE_LSTM, ins, [y], "UnidirectionalSequenceLSTMOptions",
+               BuiltinOptions.UnidirectionalSequenceLSTMOptions, FusedActivationFunction=act, CellClip=cell_clip,
+               ProjClip=proj_clip, TimeMajor=time_major, DiagonalRecurrentTensors=diagonal)
+    return w.finish([x], [y])
+
+
+LSTM_CASES = {
+    "plain": {},
+    "cifg_peephole_cell_clip": dict(cifg=True, peephole=True, cell_clip=0.8),
+    "projection_clip": dict(proj=True, n_out=3, proj_clip=0.5),
+    "layer_norm": dict(norm=True),
+    "time_major_peephole": dict(time_major=True, peephole=True),
+    "everything": dict(norm=True, cifg=True, peephole=True, proj=True, n_out=2, cell_clip=1.0),
+    "relu6_one_step": dict(act=3, steps=1),
+}
+
+
+@pytest.mark.parametrize("case", LSTM_CASES)
+def test_float_lstm_unrolled_matches_litert(case):
+    model = lstm_model(**LSTM_CASES[case])
+    graph = import_tflite(model, "lstm")
+    assert not any("LSTM" in n.op for n in graph.nodes)  # ordinary ops, one step after another
+    assert max(assert_float_matches(model, graph, seed) for seed in (0, 1))[0] < 1e-5
+
+
+def test_float_lstm_unrolled_quantizes():
+    """The unrolled graph quantizes like any other; the integer simulator stays within a few
+    output steps of the float run."""
+    graph = import_tflite(lstm_model(peephole=True), "lstm")
+    x = np.random.default_rng(3).uniform(-1, 1, (2, 5, 3)).astype(np.float32)
+    q = npuforge.quantize(graph, [x], log=lambda m: None)
+    want = graph.run({graph.inputs[0]: x})[graph.outputs[0]]
+    got = IntegerSimulator(q).run({q.inputs[0]: x})[q.outputs[0]]
+    assert np.abs(got - want).max() < 8 * float(q.values[q.outputs[0]].quant.scale)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(diagonal=True), UnsupportedError, "diagonal recurrent weights"),
+    (dict(weight_dtype="int8"), UnsupportedError, "int8 input weights .the hybrid kernel."),
+    (dict(act=5), UnsupportedError, "SIGN_BIT"),
+    (dict(state=0.5, state_variable=False), UnsupportedError, "takes its output state from a tensor that is not "
+                                                              "variable"),
+    (dict(state=0.5), UnsupportedError, "starts from a non-zero output state"),
+    (dict(act=9), ModelFormatError, "the fused activation code 9"),
+])
+def test_lstm_refusals_name_the_operator(kwargs, error, match):
+    with pytest.raises(error, match=rf"^m\.tflite: operator 0 \(UNIDIRECTIONAL_SEQUENCE_LSTM\) .*{match}"):
+        import_tflite(lstm_model(**kwargs), "m.tflite")
+
+
+def test_lstm_zero_filled_variable_state_is_no_state():
+    """(LiteRT 2.3.0 refuses a variable tensor with a buffer; the import reads zeros as no state.)"""
+    x = np.random.default_rng(4).uniform(-1, 1, (2, 5, 3)).astype(np.float32)
+    run = lambda g: g.run({g.inputs[0]: x})[g.outputs[0]]  # noqa: E731
+    np.testing.assert_array_equal(run(import_tflite(lstm_model(state=0.0), "a")), run(import_tflite(lstm_model(), "b")))
+
+
+def test_lstm_state_given_at_run_time_is_refused():
+    w = TFLiteWriter()
+    x = w.tensor("x", (1, 2, 3), "float32")
+    rng = np.random.default_rng(0)
+    c = lambda n, *s: w.tensor(n, s, "float32", data=rng.standard_normal(s).astype(np.float32))  # noqa: E731
+    h0, c0 = w.tensor("h0", (1, 4), "float32"), w.tensor("c0", (1, 4), "float32")  # graph inputs, not variables
+    ins = [x] + [c(f"W{k}", 4, 3) for k in range(4)] + [c(f"R{k}", 4, 4) for k in range(4)] + [-1] * 3 + \
+        [c(f"b{k}", 4) for k in range(4)] + [-1, -1, h0, c0]
+    y = w.tensor("y", (1, 2, 4), "float32")
+    w.operator(BuiltinOperator.UNIDIRECTIONAL_SEQUENCE_LSTM, ins, [y], "UnidirectionalSequenceLSTMOptions",
+               BuiltinOptions.UnidirectionalSequenceLSTMOptions, FusedActivationFunction=4)
+    with pytest.raises(UnsupportedError, match="takes its output state from a tensor that is not variable"):
+        import_tflite(w.finish([x, h0, c0], [y]), "m.tflite")

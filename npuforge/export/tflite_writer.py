@@ -66,6 +66,7 @@ class _Tensor:
     dtype: str
     buffer: int
     quant: TensorQuant | None
+    variable: bool = False  # state the interpreter keeps between invocations (an LSTM's h and c)
 
 
 @dataclass
@@ -88,14 +89,14 @@ class TFLiteWriter:
         self.by_name: dict[str, int] = {}
 
     def tensor(self, name: str, shape, dtype: str, data: np.ndarray | None = None,
-               quant: TensorQuant | None = None) -> int:
+               quant: TensorQuant | None = None, variable: bool = False) -> int:
         if dtype not in TENSOR_TYPES:
             raise NpuforgeError(f"tensor '{name}': dtype {dtype} has no TFLite type")
         buffer = 0
         if data is not None:
             self.buffers.append(np.ascontiguousarray(data).tobytes())
             buffer = len(self.buffers) - 1
-        self.tensors.append(_Tensor(name, tuple(int(d) for d in shape), dtype, buffer, quant))
+        self.tensors.append(_Tensor(name, tuple(int(d) for d in shape), dtype, buffer, quant, variable))
         self.by_name[name] = len(self.tensors) - 1
         return len(self.tensors) - 1
 
@@ -123,6 +124,8 @@ class TFLiteWriter:
             fields = {"Shape": shape, "Type": TENSOR_TYPES[t.dtype], "Buffer": t.buffer, "Name": name}
             if quant is not None:
                 fields["Quantization"] = quant
+            if t.variable:
+                fields["IsVariable"] = True
             tensors.append(table(b, "Tensor", **fields))
         operators = []
         for op in self.operators:

@@ -58,6 +58,7 @@ from ..quant.config import QuantConfig
 from ..quant.params import QParams
 from ..quant.quantize import _quantize_node
 from .tflite_ops import IR_AXIS, TFLITE_CONFIG, TO_FILE, TO_IR, OperatorRules, ir_shape, orders_differ
+from .tflite_recurrent import RecurrentRules
 from .tflite_verify import read_sparsity, verify_model, verify_options
 
 _OP_NAMES = {code: name for name, code in vars(BuiltinOperator).items() if not name.startswith("_")}
@@ -85,7 +86,7 @@ class _NoOptions:
         return lambda: 0
 
 
-class _Importer(OperatorRules):
+class _Importer(OperatorRules, RecurrentRules):
     def __init__(self, buf: bytes, where: str, name: str):
         self.buf, self.where = buf, where
         verify_model(buf, where)  # the generated accessors below check no offset themselves
@@ -444,7 +445,7 @@ class _Importer(OperatorRules):
                 ins.pop()  # omitted optional inputs (a bias)
             if len(ins) < self.ARITY.get(handler[0], 1):
                 self.bad(f"{len(ins)} input(s); {name} takes at least {self.ARITY.get(handler[0], 1)}")
-            if min(ins) < 0:  # an optional input npuforge reads is always the last
+            if min(ins) < 0 and handler[0] not in self.SPARSE_INPUTS:  # else an optional input is the last
                 self.bad(f"the inputs {ins}, omitting one before the last")
             self.base, self.node_base = self.tname(outs[0]), f"{name.lower()}_{index}"
             try:

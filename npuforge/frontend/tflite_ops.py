@@ -378,7 +378,8 @@ class OperatorRules:
 
     # the inputs each rule reads whatever the file says (the others are optional: a bias, PADV2's value)
     ARITY = {"conv": 2, "fully_connected": 2, "elementwise": 2, "mean": 2, "pad": 2, "transpose_op": 2,
-             "prelu": 2, "resize": 2, "strided_slice": 4}  # the rest: 1
+             "prelu": 2, "resize": 2, "strided_slice": 4, "sequence_lstm": 20}  # the rest: 1
+    SPARSE_INPUTS = ("sequence_lstm",)  # rules that read optional inputs anywhere in the list (-1: omitted)
 
     # builtin -> (method, options table, extra arguments)
     HANDLERS = {
@@ -397,6 +398,7 @@ class OperatorRules:
         "RESIZE_NEAREST_NEIGHBOR": ("resize", "ResizeNearestNeighborOptions", "nearest"),
         "DEQUANTIZE": ("dequantize", None), "DENSIFY": ("densify", None),
         "STRIDED_SLICE": ("strided_slice", "StridedSliceOptions"),
+        "UNIDIRECTIONAL_SEQUENCE_LSTM": ("sequence_lstm", "UnidirectionalSequenceLSTMOptions"),
         "DEPTH_TO_SPACE": ("depth_space", "DepthToSpaceOptions", "DepthToSpace"),
         "SPACE_TO_DEPTH": ("depth_space", "SpaceToDepthOptions", "SpaceToDepth"),
     }

@@ -42,6 +42,7 @@ _OPTIONS = {  # per options table: the fields tflite_ops reads
     "DepthwiseConv2DOptions": {4: 1, 6: 4, 8: 4, 12: 1, 14: 4, 16: 4},
     "FullyConnectedOptions": {4: 1, 6: 1},
     "AddOptions": {4: 1}, "SubOptions": {4: 1}, "MulOptions": {4: 1},
+    "UnidirectionalSequenceLSTMOptions": {4: 1, 6: 4, 8: 4, 10: 1, 12: 1, 14: 1},
     "Pool2DOptions": {4: 1, 6: 4, 8: 4, 10: 4, 12: 4, 14: 1},
     "ConcatenationOptions": {4: 4, 6: 1}, "ReducerOptions": {4: 1}, "SoftmaxOptions": {4: 4},
     "ResizeBilinearOptions": {8: 1, 10: 1}, "ResizeNearestNeighborOptions": {4: 1, 6: 1},

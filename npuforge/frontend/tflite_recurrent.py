@@ -1,0 +1,206 @@
+"""TFLite's UNIDIRECTIONAL_SEQUENCE_LSTM (float), unrolled at import into the IR's own ops,
+as :mod:`npuforge.frontend.onnx_recurrent` unrolls ONNX's LSTM: each time step becomes
+MatMul / Add / activation / Mul nodes, each gate its own MatMul (its own value, its own
+quantization scale later), and the rest of npuforge sees ordinary ops.
+
+The step is LiteRT's float kernel (``lstm_eval.cc``), gates input, forget, cell, output:
+
+* a gate's pre-activation is ``W x_t + R h_{t-1}`` plus, with peepholes, ``p * c_{t-1}``
+  (``p * c_t`` for the output gate); with layer normalization it is normalized over the cell
+  units (epsilon 1e-8) and scaled by its coefficients, and the gate bias comes after that;
+* i, f, o are sigmoids; the cell gate and the cell output use the fused activation (tanh,
+  usually); CIFG (no input-gate weights) takes ``i = 1 - f``;
+* ``c_t = f * c_{t-1} + i * g``, clipped to ``[-cell_clip, cell_clip]`` when cell_clip > 0;
+* ``h_t = o * act(c_t)``, then the projection ``P h_t + b_P`` (clipped to ``proj_clip``) when
+  the layer has one.
+
+The states h and c are variable tensors; the import starts from zero, as LiteRT does on its
+first invocation or after ``reset_all_variables`` (later invocations continue from the state
+the previous one left, which a graph of one invocation does not model).
+Weights must be constants; the int8 and hybrid (int8 weights, float activations) kernels and
+diagonal recurrent weights are refused by name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tflite.ActivationFunctionType import ActivationFunctionType as Act
+
+from .onnx_recurrent import MAX_STEPS
+
+# input tensor slots of UNIDIRECTIONAL_SEQUENCE_LSTM (TFLite's lstm_shared.h)
+_X = 0
+_W = {"i": 1, "f": 2, "c": 3, "o": 4}  # input-to-gate weights [n_cell, n_input]
+_R = {"i": 5, "f": 6, "c": 7, "o": 8}  # recurrent-to-gate weights [n_cell, n_output]
+_PEEPHOLE = {"i": 9, "f": 10, "o": 11}  # cell-to-gate weights [n_cell]
+_BIAS = {"i": 12, "f": 13, "c": 14, "o": 15}  # [n_cell]
+_PROJ_W, _PROJ_B = 16, 17  # [n_output, n_cell], [n_output]
+_H0, _C0 = 18, 19  # variable state tensors [batch, n_output], [batch, n_cell]
+_NORM = {"i": 20, "f": 21, "c": 22, "o": 23}  # layer-norm coefficients [n_cell]
+_ACTIVATIONS = {Act.NONE: None, Act.RELU: ("Relu", ()), Act.RELU_N1_TO_1: ("Clip", (-1.0, 1.0)),
+                Act.RELU6: ("Clip", (0.0, 6.0)), Act.TANH: ("Tanh", ()), Act.SIGN_BIT: None}
+
+
+class RecurrentRules:
+    """The LSTM rule of the TFLite importer (mixed into ``_Importer`` with the other rules)."""
+
+    def sequence_lstm(self, ins, o, opt):
+        if self.quantized:
+            self.refuse("is the int8 LSTM kernel, which npuforge does not import (float LSTMs are unrolled)")
+        if opt.DiagonalRecurrentTensors():
+            self.refuse("has diagonal recurrent weights, which npuforge does not import")
+        code = opt.FusedActivationFunction()
+        if code not in _ACTIVATIONS:
+            self.bad(f"the fused activation code {code}")
+        if code == Act.SIGN_BIT:
+            self.refuse("uses the SIGN_BIT activation, which npuforge does not import")
+        inputs = list(ins) + [-1] * (24 - len(ins))
+        if len(ins) > 24:
+            self.bad(f"{len(ins)} inputs (UNIDIRECTIONAL_SEQUENCE_LSTM takes 24)")
+        have = lambda slot: inputs[slot] >= 0  # noqa: E731
+        for slot in (_X, _W["f"], _W["c"], _W["o"], _R["f"], _R["c"], _R["o"], _BIAS["f"], _BIAS["c"], _BIAS["o"],
+                     _H0, _C0):
+            if not have(slot):
+                self.bad(f"no tensor at input {slot}, which the LSTM kernel requires")
+        cifg = not have(_W["i"])
+        gates = ("f", "c", "o") if cifg else ("i", "f", "c", "o")
+        weights = {}
+        for g in gates:
+            for table, what in ((_W, "input weights"), (_R, "recurrent weights")):
+                w = self.const(inputs[table[g]], f"{what} of gate {g}")
+                if w.dtype != np.float32:
+                    self.refuse(f"has {w.dtype} {what} (the hybrid kernel), which npuforge does not import")
+                weights[table[g]] = w
+        n_cell, n_input = weights[_W["f"]].shape
+        n_output = weights[_R["f"]].shape[1]
+        shape = self.file_shape(inputs[_X])
+        if len(shape) != 3 or shape[2] != n_input:
+            self.bad(f"an input of shape {list(shape)} for input weights [{n_cell}, {n_input}] (it must be "
+                     f"[batch, time, {n_input}] or, time-major, [time, batch, {n_input}])")
+        time_axis = 0 if opt.TimeMajor() else 1
+        steps, batch = shape[time_axis], shape[1 - time_axis]
+        if steps > MAX_STEPS:
+            self.refuse(f"runs {steps} time steps; npuforge unrolls at most {MAX_STEPS}")
+        for g in gates:
+            if weights[_W[g]].shape != (n_cell, n_input) or weights[_R[g]].shape != (n_cell, n_output):
+                self.bad(f"gate {g}'s weights of shapes {list(weights[_W[g]].shape)} and "
+                         f"{list(weights[_R[g]].shape)} (the forget gate's are [{n_cell}, {n_input}] and "
+                         f"[{n_cell}, {n_output}])")
+        vector = lambda slot, what, n=n_cell: self._lstm_vector(inputs[slot], what, n)  # noqa: E731
+        bias = {g: vector(_BIAS[g], f"gate {g}'s bias") for g in gates}
+        peephole = {g: vector(_PEEPHOLE[g], f"gate {g}'s peephole weights")
+                    for g in ("i", "f", "o") if g in gates and have(_PEEPHOLE[g])}
+        norm = {g: vector(_NORM[g], f"gate {g}'s layer-norm coefficients") for g in gates if have(_NORM[g])}
+        if norm and set(norm) != set(gates):
+            self.bad(f"layer-norm coefficients for gates {sorted(norm)} only (all {len(gates)} or none)")
+        proj = None
+        if have(_PROJ_W):
+            pw = self.const(inputs[_PROJ_W], "projection weights")
+            if pw.shape != (n_output, n_cell):
+                self.bad(f"projection weights of shape {list(pw.shape)} (it must be [{n_output}, {n_cell}])")
+            proj = (pw, vector(_PROJ_B, "projection bias", n_output) if have(_PROJ_B) else None)
+        elif n_output != n_cell:
+            self.bad(f"an output width {n_output} other than the cell's {n_cell}, with no projection")
+        self._lstm_state(inputs[_H0], (batch, n_output), "output state")
+        self._lstm_state(inputs[_C0], (batch, n_cell), "cell state")
+        if self.file_shape(o) != tuple(shape[:2]) + (n_output,):
+            self.bad(f"an output of shape {list(self.file_shape(o))} (the input's {list(shape[:2])} and "
+                     f"{n_output} outputs)")
+        step = _Step(self, weights, bias, peephole, norm, proj, _ACTIVATIONS[code], opt.CellClip(), opt.ProjClip(),
+                     cifg)
+        x = self.value(inputs[_X])
+        h = c = None  # zero states: the first step leaves out the terms that read them
+        outs = []
+        axes = self.int64s(f"{self.base}::time_axis", [time_axis])
+        for t in range(steps):
+            x_t = step.emit("Gather", [x, self.int64s(f"{self.base}::t{t}", np.int64(t))], f"x{t}",
+                            axis=time_axis)
+            h, c = step(x_t, h, c, t)
+            outs.append(step.emit("Unsqueeze", [h, axes], f"h{t}"))
+        y = outs[0] if steps == 1 else step.emit("Concat", outs, "sequence", axis=time_axis)
+        self.bind(o, y)
+
+    def _lstm_vector(self, i: int, what: str, n: int) -> np.ndarray | None:
+        if i < 0:
+            return None
+        v = self.const(i, what)
+        if v.dtype != np.float32 or v.shape != (n,):
+            self.bad(f"{what} of shape {list(v.shape)} and type {v.dtype} (float32 [{n}])")
+        return v
+
+    def _lstm_state(self, i: int, shape: tuple, what: str) -> None:
+        """The initial state: a variable tensor (LiteRT's kernel requires one), zero at the start."""
+        if self.file_shape(i) != shape:
+            self.bad(f"an {what} of shape {list(self.file_shape(i))} (it must be {list(shape)})")
+        if not self.tensor(i).IsVariable():
+            self.refuse(f"takes its {what} from a tensor that is not variable (LiteRT's kernel needs a variable "
+                        f"state), which npuforge does not import")
+        data = self.data(i)
+        if data is not None and np.any(data):
+            self.refuse(f"starts from a non-zero {what}, which npuforge does not import (it starts from zero)")
+
+
+class _Step:
+    """Emits one time step; ``None`` stands for an exact zero (the first step's state)."""
+
+    def __init__(self, rules, weights, bias, peephole, norm, proj, activation, cell_clip, proj_clip, cifg):
+        self.r, self.bias, self.norm, self.proj, self.act = rules, bias, norm, proj, activation
+        self.cell_clip, self.proj_clip, self.cifg = float(cell_clip), float(proj_clip), cifg
+        r = rules
+        # weights transposed for MatMul (x [batch, in] @ W^T); constants made once for every step
+        self.w = {g: r.add_const(f"{r.base}::W_{g}", np.ascontiguousarray(weights[_W[g]].T)) for g in bias}
+        self.rw = {g: r.add_const(f"{r.base}::R_{g}", np.ascontiguousarray(weights[_R[g]].T)) for g in bias}
+        self.b = {g: r.add_const(f"{r.base}::b_{g}", bias[g]) for g in bias}
+        self.p = {g: r.add_const(f"{r.base}::peephole_{g}", v) for g, v in peephole.items()}
+        self.ln = {g: r.add_const(f"{r.base}::norm_{g}", v) for g, v in norm.items()}
+        self.one = r.add_const(f"{r.base}::one", np.float32(1.0))
+        if proj is not None:
+            self.pw = r.add_const(f"{r.base}::P", np.ascontiguousarray(proj[0].T))
+            self.pb = None if proj[1] is None else r.add_const(f"{r.base}::P_bias", proj[1])
+
+    def emit(self, op: str, inputs: list, what: str, **attrs) -> str:
+        return self.r.emit(op, inputs, attrs or None, suffix=what).outputs[0]
+
+    def clip(self, x: str, limit: float, what: str) -> str:
+        return self.emit("Clip", [x, self.r.add_const(f"{self.r.base}::{what}_lo", np.float32(-limit)),
+                                  self.r.add_const(f"{self.r.base}::{what}_hi", np.float32(limit))], what)
+
+    def activation(self, x: str, what: str) -> str:
+        if self.act is None:
+            return x
+        op, params = self.act
+        if op == "Clip":
+            return self.emit("Clip", [x, self.r.add_const(f"{self.r.base}::{what}_lo", np.float32(params[0])),
+                                      self.r.add_const(f"{self.r.base}::{what}_hi", np.float32(params[1]))], what)
+        return self.emit(op, [x], what)
+
+    def gate(self, g: str, x: str, h, c, t: int) -> str:
+        """The gate's pre-activation, bias included."""
+        s = self.emit("MatMul", [x, self.w[g]], f"{g}{t}_x")
+        if h is not None:
+            s = self.emit("Add", [s, self.emit("MatMul", [h, self.rw[g]], f"{g}{t}_h")], f"{g}{t}_xh")
+        if g in self.p and c is not None:
+            s = self.emit("Add", [s, self.emit("Mul", [c, self.p[g]], f"{g}{t}_peep")], f"{g}{t}_xhc")
+        if self.ln:  # normalized over the cell units, scaled, then the bias
+            return self.emit("LayerNormalization", [s, self.ln[g], self.b[g]], f"{g}{t}_norm", axis=-1,
+                             epsilon=1e-8)
+        return self.emit("Add", [s, self.b[g]], f"{g}{t}")
+
+    def __call__(self, x: str, h, c, t: int):
+        f = self.emit("Sigmoid", [self.gate("f", x, h, c, t)], f"f{t}_act")
+        i = self.emit("Sub", [self.one, f], f"i{t}_act") if self.cifg else \
+            self.emit("Sigmoid", [self.gate("i", x, h, c, t)], f"i{t}_act")
+        g = self.activation(self.gate("c", x, h, None, t), f"g{t}_act")
+        ig = self.emit("Mul", [i, g], f"ig{t}")
+        c = ig if c is None else self.emit("Add", [self.emit("Mul", [f, c], f"fc{t}"), ig], f"c{t}")
+        if self.cell_clip > 0:
+            c = self.clip(c, self.cell_clip, f"c{t}_clip")
+        o = self.emit("Sigmoid", [self.gate("o", x, h, c, t)], f"o{t}_act")
+        h = self.emit("Mul", [o, self.activation(c, f"c{t}_out")], f"h{t}_cell")
+        if self.proj is not None:
+            h = self.emit("MatMul", [h, self.pw], f"h{t}_proj")
+            if self.pb is not None:
+                h = self.emit("Add", [h, self.pb], f"h{t}_proj_bias")
+            if self.proj_clip > 0:
+                h = self.clip(h, self.proj_clip, f"h{t}_clip")
+        return h, c
