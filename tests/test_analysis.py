@@ -158,6 +158,35 @@ def test_int_engine_scores_the_integer_program_and_each_distinct_program_once(ne
     assert scorer.ev.runs == 2 and len(scorer.memo) == 3
 
 
+def test_int_engine_falls_back_by_name(net, monkeypatch):
+    """An int8 program with no fast lowering: a note naming why, then every quantized configuration
+    scored as engine "ort" (QDQ in float); one variant alone with none: the plain simulator."""
+    import npuforge.sim.lowered as lowered
+    from npuforge.errors import UnsupportedError
+    from npuforge.sim.integer import IntegerSimulator
+
+    graph, calib, x, labels = net
+    cal = Calibration(optimize(graph)[0], calib)
+    q = cal.build(QuantConfig(granularity="per-tensor"))
+    real = lowered.LoweredSimulator
+
+    def refuse(*args, **kwargs):
+        raise UnsupportedError("node 'n' (Op): no lowering")
+
+    monkeypatch.setattr(lowered, "LoweredSimulator", refuse)
+    notes = []
+    ev = Evaluator(x, labels, "int", log=notes.append)
+    assert ev.top1(q) == Evaluator(x, labels, "ort").top1(q) and ev.engine == "ort"
+    assert len(notes) == 1 and "node 'n' (Op): no lowering" in notes[0] and "--engine ort" in notes[0]
+    monkeypatch.setattr(lowered, "LoweredSimulator", real)
+    ev = Evaluator(x, labels, "int", log=notes.append)
+    ev.top1(q)  # lowers: the engine stays "int"
+    monkeypatch.setattr(lowered, "LoweredSimulator", refuse)
+    want = IntegerSimulator(q, "fixedpoint").run({q.inputs[0]: x})[q.outputs[0]]
+    assert ev.top1(q) == pytest.approx(100.0 * float((want.argmax(1) == labels).mean())) and ev.engine == "int"
+    assert "the plain integer simulator scores it" in notes[-1]
+
+
 def test_layer_errors_and_ranking_name_the_bad_layer(net):
     graph, calib, x, _ = net
     cal = Calibration(optimize(graph)[0], calib)
