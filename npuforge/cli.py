@@ -138,8 +138,9 @@ def parse_inputs(names: list, specs: list[str], what: str = "graph", read=None) 
 
 
 SIM_ENGINE_HELP = ("who runs the integer program: auto (default: ort where every node lowers, else plain), ort "
-                   "(lowered to one ONNX Runtime graph, proven bit-exact node by node when built; much faster) or "
-                   "plain (the reference torch simulator)")
+                   "(lowered to one ONNX Runtime graph, proven bit-exact node by node when built; much faster), "
+                   "plain (the reference torch simulator) or fast (as auto, with nodes kept in float lowered too: "
+                   "ONNX Runtime's float kernels there, equal to plain up to float summation order)")
 
 
 def cmd_run(args) -> int:
@@ -253,6 +254,11 @@ def cmd_eval(args) -> int:
         check_input_size(graph, args.model)
         args.batch_size = batch_size_for(graph, args.batch_size, args.model, None if args.json else stderr_log)
         forward = forward_of(graph, args.engine, sim_engine=args.sim_engine)
+        why = getattr(forward, "fallback", None)
+        if why and not args.json:
+            hint = "; --sim-engine fast runs nodes kept in float in ONNX Runtime's float kernels" \
+                if "it runs in float" in why else ""
+            stderr_log(f"note: the integer program runs on the plain simulator, tens of times slower ({why}){hint}")
     table = args.class_table
     if table is None and "class_table" in graph.metadata:  # a training run's classes
         from .zoo.data import ClassTable
@@ -352,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounding", choices=("fixedpoint", "single", "onnx"), default="fixedpoint",
                    help="integer requantization: fixedpoint (gemmlowp/TFLite, the NPU's; default), single (the "
                         "same integers, one rounding) or onnx (float scales, round half to even, as ONNX QLinear ops)")
-    p.add_argument("--sim-engine", choices=("auto", "ort", "plain"), default="auto", help=SIM_ENGINE_HELP)
+    p.add_argument("--sim-engine", choices=("auto", "ort", "plain", "fast"), default="auto", help=SIM_ENGINE_HELP)
     p.add_argument("--codes", action="store_true", help="with --mode int: write the outputs' integer codes")
     p.set_defaults(func=cmd_run, outputs=lambda a: [Planned(Path(a.output), "npz", "--output")] if a.output else [])
 
@@ -379,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default="npuforge", choices=("npuforge", "ort", "int"),
                    help="who computes (default npuforge); int: the integer simulator (fixed-point rounding; float "
                         "images quantized with the input's parameters, logits dequantized to float)")
-    p.add_argument("--sim-engine", choices=("auto", "ort", "plain"), default="auto",
+    p.add_argument("--sim-engine", choices=("auto", "ort", "plain", "fast"), default="auto",
                    help="with --engine int: " + SIM_ENGINE_HELP)
     p.add_argument("--skip", type=int, default=0, metavar="N", help="leave out the first N images (file order)")
     p.add_argument("--limit", type=int, metavar="N", help="evaluate at most N images")

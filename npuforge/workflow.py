@@ -254,7 +254,9 @@ def forward_of(graph, engine: str = "npuforge", onnx_path: Path | None = None, s
         from .sim.lowered import make_simulator
 
         sim = make_simulator(graph, "fixedpoint", sim_engine)
-        return lambda x: sim.run({graph.inputs[0]: x})[graph.outputs[0]]
+        forward = lambda x: sim.run({graph.inputs[0]: x})[graph.outputs[0]]  # noqa: E731
+        forward.fallback = getattr(sim, "fallback", None)  # why auto / fast run the plain simulator
+        return forward
     if engine == "npuforge":
         name = graph.inputs[0]
         run = run_fake_quant if is_quantized(graph) else (lambda g, feeds: g.run(feeds))

@@ -889,3 +889,34 @@ def test_ort_and_tflite_multipliers_exclude_each_other():
 
     with pytest.raises(NpuforgeError, match="exclude each other"):
         QuantConfig(ort_multipliers=True, tflite_multipliers=True)
+
+
+def test_fast_engine_lowers_float_nodes_and_eval_says_why_auto_is_slow(tmp_path, capsys):
+    """--sim-engine fast: a model with a layer kept in float runs lowered (auto falls back to the
+    plain simulator, and eval --engine int says so in one note, pointing to fast); both give the
+    same top-1 here."""
+    import npuforge
+    from npuforge.cli import main
+
+    module = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    torch.manual_seed(0)
+    graph = npuforge.from_torch(module.eval(), torch.zeros(2, 6))
+    rng = np.random.default_rng(3)
+    q = npuforge.quantize(graph, [rng.standard_normal((16, 6)).astype(np.float32)], {"keep_float": ["/0/Gemm"]},
+                          log=lambda m: None)
+    auto, fast = make_simulator(q, "fixedpoint", "auto"), make_simulator(q, "fixedpoint", "fast")
+    assert isinstance(auto, IntegerSimulator) and "it runs in float" in auto.fallback
+    assert isinstance(fast, LoweredSimulator) and fast.lowering["/0/Gemm"].startswith("in float")
+    npuforge.save(q, tmp_path / "q.nfir")
+    for cls in ("0", "1", "2"):
+        (tmp_path / "data" / cls).mkdir(parents=True)
+        np.save(tmp_path / "data" / cls / "x.npy", rng.standard_normal((4, 6)).astype(np.float32))
+    top1 = {}
+    for engine in ("auto", "fast"):
+        assert main(["eval", str(tmp_path / "q.nfir"), "--data", str(tmp_path / "data"), "--engine", "int",
+                     "--sim-engine", engine]) == 0
+        out, err = capsys.readouterr()
+        notes = [line for line in err.splitlines() if line.startswith("note: the integer program runs on the plain")]
+        assert len(notes) == (engine == "auto") and all("--sim-engine fast" in n for n in notes)
+        top1[engine] = out.split("top-1 ")[1].split("%")[0]
+    assert top1["auto"] == top1["fast"]

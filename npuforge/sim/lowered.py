@@ -69,7 +69,7 @@ from .lowered_tables import TableLowerings
 from .lowering_base import LoweringBuilder, channel_ranges
 from .monotone_fit import Formula, fit
 
-ENGINES = ("auto", "ort", "plain")
+ENGINES = ("auto", "ort", "plain", "fast")
 # ops that only move or select values: exact on the float copies q - zp (a max of
 # shifted codes is the shifted max); Resize is here only as "passthrough", i.e. nearest
 MOVERS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Dropout", "MaxPool",
@@ -594,17 +594,22 @@ def _session(model, options):
 def make_simulator(graph, rounding: str = "fixedpoint", engine: str = "auto"):
     """The integer simulator for ``graph``: ``ort`` the lowered ONNX Runtime path (an
     error if some node cannot be lowered), ``plain`` the reference torch path,
-    ``auto`` the first where every node lowers, else the second."""
+    ``auto`` the first where every node lowers, else the second; ``fast`` as auto, with the
+    nodes kept in float lowered too (ONNX Runtime's float kernels: equal to the plain path
+    up to float summation order there, see :class:`LoweredSimulator`). A plain simulator
+    that auto or fast fell back to says why in ``fallback``."""
     if engine not in ENGINES:
         raise NpuforgeError(f"engine '{engine}' is not one of {', '.join(ENGINES)}")
     if engine == "plain":
         return IntegerSimulator(graph, rounding)
     try:
-        return LoweredSimulator(graph, rounding)
+        return LoweredSimulator(graph, rounding, float_nodes=engine == "fast")
     except UnsupportedError as e:
         if engine == "ort":
             raise UnsupportedError(f"{e}; the plain simulator runs it (--sim-engine plain or auto)") from None
-        return IntegerSimulator(graph, rounding)
+        sim = IntegerSimulator(graph, rounding)
+        sim.fallback = str(e)
+        return sim
 
 
 __all__ = ["LoweredSimulator", "make_simulator", "ENGINES"]
