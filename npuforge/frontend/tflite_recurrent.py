@@ -37,8 +37,6 @@ _BIAS = {"i": 12, "f": 13, "c": 14, "o": 15}  # [n_cell]
 _PROJ_W, _PROJ_B = 16, 17  # [n_output, n_cell], [n_output]
 _H0, _C0 = 18, 19  # variable state tensors [batch, n_output], [batch, n_cell]
 _NORM = {"i": 20, "f": 21, "c": 22, "o": 23}  # layer-norm coefficients [n_cell]
-_ACTIVATIONS = {Act.NONE: None, Act.RELU: ("Relu", ()), Act.RELU_N1_TO_1: ("Clip", (-1.0, 1.0)),
-                Act.RELU6: ("Clip", (0.0, 6.0)), Act.TANH: ("Tanh", ()), Act.SIGN_BIT: None}
 
 
 class RecurrentRules:
@@ -49,11 +47,8 @@ class RecurrentRules:
             self.refuse("is the int8 LSTM kernel, which npuforge does not import (float LSTMs are unrolled)")
         if opt.DiagonalRecurrentTensors():
             self.refuse("has diagonal recurrent weights, which npuforge does not import")
-        code = opt.FusedActivationFunction()
-        if code not in _ACTIVATIONS:
-            self.bad(f"the fused activation code {code}")
-        if code == Act.SIGN_BIT:
-            self.refuse("uses the SIGN_BIT activation, which npuforge does not import")
+        code = opt.FusedActivationFunction()  # the cell gate's and the cell output's: TANH, or a Relu / Clip
+        activation = None if code == Act.NONE else ("Tanh", []) if code == Act.TANH else self.fused_form(code)[:2]
         inputs = list(ins) + [-1] * (24 - len(ins))
         if len(ins) > 24:
             self.bad(f"{len(ins)} inputs (UNIDIRECTIONAL_SEQUENCE_LSTM takes 24)")
@@ -106,8 +101,7 @@ class RecurrentRules:
         if self.file_shape(o) != tuple(shape[:2]) + (n_output,):
             self.bad(f"an output of shape {list(self.file_shape(o))} (the input's {list(shape[:2])} and "
                      f"{n_output} outputs)")
-        step = _Step(self, weights, bias, peephole, norm, proj, _ACTIVATIONS[code], opt.CellClip(), opt.ProjClip(),
-                     cifg)
+        step = _Step(self, weights, bias, peephole, norm, proj, activation, opt.CellClip(), opt.ProjClip(), cifg)
         x = self.value(inputs[_X])
         h = c = None  # zero states: the first step leaves out the terms that read them
         outs = []
@@ -144,7 +138,7 @@ class _Step:
     """Emits one time step; ``None`` stands for an exact zero (the first step's state)."""
 
     def __init__(self, rules, weights, bias, peephole, norm, proj, activation, cell_clip, proj_clip, cifg):
-        self.r, self.bias, self.norm, self.proj, self.act = rules, bias, norm, proj, activation
+        self.r, self.proj, self.act = rules, proj, activation
         self.cell_clip, self.proj_clip, self.cifg = float(cell_clip), float(proj_clip), cifg
         r = rules
         # weights transposed for MatMul (x [batch, in] @ W^T); constants made once for every step
@@ -154,6 +148,7 @@ class _Step:
         self.p = {g: r.add_const(f"{r.base}::peephole_{g}", v) for g, v in peephole.items()}
         self.ln = {g: r.add_const(f"{r.base}::norm_{g}", v) for g, v in norm.items()}
         self.one = r.add_const(f"{r.base}::one", np.float32(1.0))
+        self.bounds: dict = {}  # (lo, hi) -> their constants, shared by every step's Clip
         if proj is not None:
             self.pw = r.add_const(f"{r.base}::P", np.ascontiguousarray(proj[0].T))
             self.pb = None if proj[1] is None else r.add_const(f"{r.base}::P_bias", proj[1])
@@ -161,18 +156,17 @@ class _Step:
     def emit(self, op: str, inputs: list, what: str, **attrs) -> str:
         return self.r.emit(op, inputs, attrs or None, suffix=what).outputs[0]
 
-    def clip(self, x: str, limit: float, what: str) -> str:
-        return self.emit("Clip", [x, self.r.add_const(f"{self.r.base}::{what}_lo", np.float32(-limit)),
-                                  self.r.add_const(f"{self.r.base}::{what}_hi", np.float32(limit))], what)
+    def clip(self, x: str, lo: float, hi: float, what: str) -> str:
+        if (lo, hi) not in self.bounds:
+            self.bounds[lo, hi] = [self.r.add_const(f"{self.r.base}::clip_{k}", np.float32(v))
+                                   for k, v in (("lo", lo), ("hi", hi))]
+        return self.emit("Clip", [x, *self.bounds[lo, hi]], what)
 
     def activation(self, x: str, what: str) -> str:
         if self.act is None:
             return x
-        op, params = self.act
-        if op == "Clip":
-            return self.emit("Clip", [x, self.r.add_const(f"{self.r.base}::{what}_lo", np.float32(params[0])),
-                                      self.r.add_const(f"{self.r.base}::{what}_hi", np.float32(params[1]))], what)
-        return self.emit(op, [x], what)
+        op, bounds = self.act
+        return self.clip(x, *bounds, what) if op == "Clip" else self.emit(op, [x], what)
 
     def gate(self, g: str, x: str, h, c, t: int) -> str:
         """The gate's pre-activation, bias included."""
@@ -194,7 +188,7 @@ class _Step:
         ig = self.emit("Mul", [i, g], f"ig{t}")
         c = ig if c is None else self.emit("Add", [self.emit("Mul", [f, c], f"fc{t}"), ig], f"c{t}")
         if self.cell_clip > 0:
-            c = self.clip(c, self.cell_clip, f"c{t}_clip")
+            c = self.clip(c, -self.cell_clip, self.cell_clip, f"c{t}_clip")
         o = self.emit("Sigmoid", [self.gate("o", x, h, c, t)], f"o{t}_act")
         h = self.emit("Mul", [o, self.activation(c, f"c{t}_out")], f"h{t}_cell")
         if self.proj is not None:
@@ -202,5 +196,5 @@ class _Step:
             if self.pb is not None:
                 h = self.emit("Add", [h, self.pb], f"h{t}_proj_bias")
             if self.proj_clip > 0:
-                h = self.clip(h, self.proj_clip, f"h{t}_clip")
+                h = self.clip(h, -self.proj_clip, self.proj_clip, f"h{t}_clip")
         return h, c
