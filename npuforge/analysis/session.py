@@ -184,20 +184,17 @@ class Evaluator:
         return out
 
     def _integer_logits(self, graph) -> np.ndarray:
-        from ..errors import UnsupportedError
-        from ..sim.integer import IntegerSimulator
-        from ..sim.lowered import LoweredSimulator
+        from ..sim.lowered import make_simulator
 
-        try:
-            sim = LoweredSimulator(graph, "fixedpoint", float_nodes=True)
-        except UnsupportedError as e:
-            if not self._lowered_once:
-                self.log(f"note: the integer program has no fast lowering ({e}); top-1 is scored on the QDQ "
-                         f"model in ONNX Runtime instead (--engine ort)")
-                self.engine = "ort"
-                return ort_logits(graph, self.x, self.batch_size)
-            self.log(f"note: this variant has no fast lowering ({e}); the plain integer simulator scores it")
-            sim = IntegerSimulator(graph, "fixedpoint")
+        sim = make_simulator(graph, "fixedpoint", "fast")
+        why = getattr(sim, "fallback", None)  # set when the plain simulator was all make_simulator had
+        if why and not self._lowered_once:
+            self.log(f"note: the integer program has no fast lowering ({why}); top-1 is scored on the QDQ "
+                     f"model in ONNX Runtime instead (--engine ort)")
+            self.engine = "ort"
+            return ort_logits(graph, self.x, self.batch_size)
+        if why:
+            self.log(f"note: this variant has no fast lowering ({why}); the plain integer simulator scores it")
         self._lowered_once = True
         name, out = graph.inputs[0], graph.outputs[0]
         x = self._input_codes(graph.values[name].quant)
