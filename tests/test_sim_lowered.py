@@ -209,6 +209,32 @@ def test_elementwise_lowered_equals_plain(op, mode):
     both(g, {"a": a, "b": b}, mode)
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("seed", range(3))
+def test_add_of_two_activations_runs_as_qlinearadd_on_every_pair_of_codes(mode, seed):
+    """An Add of two same-shaped uint8 activations runs as ONNX Runtime's QLinearAdd with ratios
+    proven on the table of all its results; fed every one of the 65,536 pairs of codes here. A
+    broadcast operand (which MLAS rounds another way) keeps the float lowering's table."""
+    rng = np.random.default_rng(350 + seed)
+    g, *_ = binary_case(rng, "Add", ((1, 1, 256, 256), (1, 1, 256, 256)))
+    grid = np.arange(256, dtype=np.uint8)
+    feeds = {"a": np.repeat(grid, 256).reshape(1, 1, 256, 256), "b": np.tile(grid, 256).reshape(1, 1, 256, 256)}
+    assert both(g, feeds, mode)["qoperator"].lowering[g.nodes[0].name].startswith("QLinearAdd")
+    g, a, b, *_ = binary_case(rng, "Add", ((2, 3, 4, 5), (1, 3, 1, 5)))
+    assert "broadcast" in both(g, {"a": a, "b": b}, mode)["qoperator"].lowering[g.nodes[0].name]
+
+
+def test_qlinearadd_kept_only_where_onnx_runtime_itself_agrees(monkeypatch):
+    """The ratios the search finds are kept only if ONNX Runtime's own kernel gives the table on
+    every pair of codes: where it does not (another kernel), the Add keeps the float lowering."""
+    from npuforge.sim import qlinear_add
+
+    monkeypatch.setattr(qlinear_add, "_FITTED", {})
+    monkeypatch.setattr(qlinear_add, "_ort_grid", lambda *args: np.zeros((256, 256), np.int64))
+    g, a, b, *_ = binary_case(np.random.default_rng(353), "Add")
+    assert "no QLinearAdd ratios proven" in both(g, {"a": a, "b": b}, "fixedpoint")["qoperator"].lowering["n"]
+
+
 class ConstantOperands(torch.nn.Module):
     """Mul by a per-channel constant, Add a scalar, Sub from a constant map, and x * x."""
 
@@ -841,11 +867,12 @@ def test_matched_multipliers_run_as_qlinearconv(case):
                                                       apart <= unmatched)
 
 
-@pytest.mark.parametrize("case", [0, 2, 3])
+@pytest.mark.parametrize("case", [0, 1, 2, 3])
 @pytest.mark.parametrize("mode", ["fixedpoint", "onnx"])
 def test_channels_without_a_float32_scale_run_apart(case, mode, monkeypatch):
-    """Channels with no proven float32 scale run as ConvInteger and a proven float formula,
-    merged back in channel order (plain, depthwise and 1x1 convolutions)."""
+    """Channels with no proven float32 scale run as ConvInteger (a 1x1 convolution: MatMulInteger
+    on the channels-last input) and a proven float formula, merged back in channel order
+    (plain, strided, depthwise and 1x1 convolutions)."""
     from npuforge.sim.qoperator import QOperatorBuilder
 
     scales = QOperatorBuilder._scales
@@ -858,7 +885,7 @@ def test_channels_without_a_float32_scale_run_apart(case, mode, monkeypatch):
     rng = np.random.default_rng(400 + case)
     g, x, *_ = conv_case(rng, **CONV_CASES[case])
     report = both(g, {"x": x}, mode)["qoperator"].lowering["n"]
-    assert report.startswith("QLinearConv; ") and "ConvInteger" in report
+    assert report.startswith("QLinearConv; ") and ("MatMulInteger" if case == 3 else "ConvInteger") in report
 
 
 def test_dead_channels_with_a_bias_at_int32s_end():

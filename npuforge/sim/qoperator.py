@@ -16,13 +16,18 @@ integer operators (QOperator form), on uint8 codes.
   channel's whole accumulator range (the quantizer picks multipliers for which
   one exists: :mod:`npuforge.quant.ort_multipliers`). A fused Relu / Clip
   narrower than the type is a ``Clip`` on the codes.
-* Add / Mul (``onnx``): com.microsoft ``QLinearAdd`` / ``QLinearMul``;
-  GlobalAveragePool: ``QLinearGlobalAveragePool``.
+* Add of two same-shaped activations, in every rounding mode: com.microsoft
+  ``QLinearAdd``, with ratios proven equal to the Add's table of all 65,536 results
+  (:mod:`npuforge.sim.qlinear_add`). Mul (``onnx``): ``QLinearMul``;
+  GlobalAveragePool (``onnx``): ``QLinearGlobalAveragePool``.
 * lookup ops: ``Gather`` from the plain simulator's table.
 * ops that move codes: the op itself, on uint8.
 
-Any other node (a Conv with a channel no float32 scale reproduces, fixed-point
-Add / pooling, Sub, a node with an int16 operand...) is lowered by the float lowering
+A Conv's channels that no float32 scale reproduces run apart: ``MatMulInteger`` on the
+channels-last input for a 1x1 convolution (ONNX Runtime runs QLinearConv channels-last, so
+no layout transposes), ``ConvInteger`` otherwise, then a proven float formula, merged back in
+channel order. Any other node (fixed-point pooling, a broadcast Add, Sub, a node with an
+int16 operand...) is lowered by the float lowering
 (:mod:`npuforge.sim.lowered`) between conversions of its activations from codes
 to float ``q - zp`` and back, so one session runs the whole graph; what it
 cannot lower raises :class:`~npuforge.errors.UnsupportedError`.
@@ -40,6 +45,7 @@ from onnx import TensorProto
 from ..export.onnx_export import _nodes_of
 from ..ops.activation import FUSED_ATTRS
 from ..quant.requant import multiplier_value
+from . import qlinear_add
 from .lowered import _Builder, channel_subset, requant_rule, uint8_weights
 from .lowering_base import LoweringBuilder, channel_ranges, runs_in_float
 from .monotone_fit import Formula, fit_channels, float32_nudged, verify
@@ -233,10 +239,15 @@ class QOperatorBuilder(LoweringBuilder):
                           out["clip"])
         self.report[node.name] = "QLinearConv"
         if rest.size:
-            r = self._rest(node, x4, w, rest, attrs)
-            merged = self.emit("Concat", [t, r], f"{y}::both", axis=1)
             perm = np.arange(len(proven))
             perm[rest] = len(proven) + np.arange(rest.size)
+            r, channels_last = self._rest(node, x4, w, rest, attrs)
+            if channels_last:  # joined as ONNX Runtime runs QLinearConv, channels-last, then one Transpose back
+                merged = self.emit("Concat", [self._nhwc(t), r], f"{y}::both_nhwc", axis=3)
+                merged = self.emit("Transpose", [merged], f"{y}::both", perm=[0, 3, 1, 2])
+            else:
+                merged = self.emit("Concat", [t, r], f"{y}::both", axis=1)
+            # (a Gather on the channels-last axis copies byte by byte: on axis 1 it copies planes)
             t = self.emit("Gather", [merged, self.const(f"{node.name}::perm", perm)], out["merge"], axis=1)
             self.report[node.name] += f"; {rest.size} of {len(proven)} channels: {self.report.pop(node.name + '::rest')}"
         if node.op == "Gemm":
@@ -251,30 +262,46 @@ class QOperatorBuilder(LoweringBuilder):
             return w.astype(np.int8), np.zeros(zp_shape, np.int8)
         return uint8_weights(w), np.full(zp_shape, 128, np.uint8)
 
+    def _nhwc(self, name: str) -> str:
+        """``name`` ([N, C, H, W]) channels-last, made once."""
+        if f"{name}::nhwc" not in self._made:
+            self._made.add(f"{name}::nhwc")
+            self.emit("Transpose", [name], f"{name}::nhwc", perm=[0, 2, 3, 1])
+        return f"{name}::nhwc"
+
     def _rest(self, node, x4: str, w: np.ndarray, rest: np.ndarray, attrs: dict) -> str:
-        """The channels ``rest`` of a Conv (or 4-d Gemm) as ONNX Runtime's exact
-        ``ConvInteger`` (u8u8, like QLinearConv), its int32 sums held as float32 and the
-        float lowering's proven requantization formula (the bias added in float64);
-        -> their uint8 codes, [N, len(rest), ...]."""
+        """The channels ``rest`` of a Conv (or 4-d Gemm) as ONNX Runtime's exact integer
+        kernels (u8u8, like QLinearConv): ``MatMulInteger`` on the channels-last input for a
+        pointwise one, else ``ConvInteger``; their int32 sums held as float32 and the float
+        lowering's proven requantization formula (the bias added in float64); -> (their
+        uint8 codes, whether channels-last: [N, H, W, len(rest)], else [N, len(rest), H, W])."""
         prep = self.plain._prep_compute(node)
         y = node.outputs[0]
         depthwise = attrs.get("group", 1) > 1
-        xin = self.emit("Gather", [x4, self.const(f"{node.name}::rest_in", rest)], f"{node.name}::rest_x", axis=1) \
-            if depthwise else x4
+        pointwise = not depthwise and w.shape[2:] == (1, 1) and all(v == 1 for v in attrs.get("strides", [1])) and \
+            not any(attrs.get("pads", [0]))
+        zps = [self.zero_point(node, node.inputs[0]), self.const("w_zp128", np.uint8(128))]
         # u8u8 on every CPU: with int8 weights ONNX Runtime's ConvInteger ran slower (docs/benchmarks.md)
-        acc = self.emit("ConvInteger", [xin, self.const(f"{node.name}::rest_w", uint8_weights(w[rest])),
-                                        self.zero_point(node, node.inputs[0]), self.const("w_zp128", np.uint8(128))],
-                        f"{node.name}::rest_acc", **{**attrs, **({"group": int(rest.size)} if depthwise else {})})
+        if pointwise:
+            acc = self.emit("MatMulInteger", [self._nhwc(x4), self.const(f"{node.name}::rest_wt",
+                                                                          uint8_weights(w[rest, :, 0, 0].T)), *zps],
+                            f"{node.name}::rest_acc")
+        else:
+            xin = self.emit("Gather", [x4, self.const(f"{node.name}::rest_in", rest)], f"{node.name}::rest_x",
+                            axis=1) if depthwise else x4
+            acc = self.emit("ConvInteger", [xin, self.const(f"{node.name}::rest_w", uint8_weights(w[rest])), *zps],
+                            f"{node.name}::rest_acc", **{**attrs, **({"group": int(rest.size)} if depthwise else {})})
         accf = self.emit("Cast", [acc], f"{node.name}::rest_accf", to=TensorProto.FLOAT)
         a, b, lo, hi = (v[rest] for v in channel_ranges(self.plain, node))
         bias = np.zeros(rest.size, np.int64) if prep["bias"] is None else \
             np.broadcast_to(prep["bias"], (len(prep["rows"]),))[rest].astype(np.int64)
         f32 = self._float_builder()
         part = dataclasses.replace(node, name=f"{node.name}::rest", outputs=[f"{y}::rest_f"])
-        self.report[part.name] = "ConvInteger, " + f32._requantize(node, channel_subset(prep, rest), accf, bias, a, b,
-                                                                   lo, hi, [-1, 1, 1], np.float32, part)
+        how = f32._requantize(node, channel_subset(prep, rest), accf, bias, a, b, lo, hi,
+                              [-1] if pointwise else [-1, 1, 1], np.float32, part)
+        self.report[part.name] = ("MatMulInteger, " if pointwise else "ConvInteger, ") + how
         shifted = self.emit("Add", [f"{y}::rest_f", self.const(f"{y}::zp_f", self._zero_point(y))], f"{y}::rest_fq")
-        return self.emit("Cast", [shifted], f"{y}::rest_q", to=TensorProto.UINT8)
+        return self.emit("Cast", [shifted], f"{y}::rest_q", to=TensorProto.UINT8), pointwise
 
     def _scales(self, node):
         """(float32 scales [C], int32 bias [C] or None, proven [C]): with unit x and y
@@ -335,13 +362,36 @@ class QOperatorBuilder(LoweringBuilder):
         return scales.astype(np.float32), (bias if keep_bias else None), proven & in_int32
 
     def _elementwise(self, node):
+        two_activations = not any(f"input{k}" in node.quant for k in range(2)) and node.inputs[0] != node.inputs[1]
+        if node.op == "Add" and two_activations:
+            return self._add(node)
         if self.plain.rounding != "onnx":
             return self._in_float(node, "fixed-point arithmetic")
-        if node.op not in ("Add", "Mul") or any(f"input{k}" in node.quant for k in range(2)):
+        if node.op != "Mul" or not two_activations:
             return self._in_float(node, "no QLinear form")
         a, b = node.inputs[:2]
         self.emit(f"QLinear{node.op}", [a, *self.qparams(node, a), b, *self.qparams(node, b),
                                        *self.qparams(node, node.outputs[0])], node.outputs[0], "com.microsoft")
+
+    def _add(self, node):
+        """An Add of two same-shaped activations as ``QLinearAdd`` with ratios proven equal to
+        the plain simulator's table of all 256 x 256 results (:mod:`npuforge.sim.qlinear_add`)."""
+        g = self.graph
+        a, b = node.inputs[:2]
+        qa, qb, qy = self.codes(node, a), self.codes(node, b), self.codes(node, node.outputs[0])
+        if list(g.values[a].shape) != list(g.values[b].shape):
+            return self._in_float(node, "a broadcast operand (QLinearAdd rounds it another way)")
+        codes = torch.arange(256, dtype=torch.uint8)
+        table = self.plain._elementwise(node, {a: codes[:, None], b: codes[None, :]})[0].numpy()
+        za, zb, zy = (int(q.zero_point) for q in (qa, qb, qy))
+        ratios = qlinear_add.fit(table, za, zb, zy, float(qa.scale) / float(qy.scale), float(qb.scale) / float(qy.scale))
+        if ratios is None:
+            return self._in_float(node, "no QLinearAdd ratios proven equal to its table")
+        ins = [a, self.const(f"{node.name}::ra", ratios[0]), self.zero_point(node, a),
+               b, self.const(f"{node.name}::rb", ratios[1]), self.zero_point(node, b),
+               self.const("unit_scale", np.float32(1)), self.zero_point(node, node.outputs[0])]
+        self.emit("QLinearAdd", ins, node.outputs[0], "com.microsoft")
+        self.report[node.name] = "QLinearAdd (ratios proven on every pair of codes)"
 
     def _pool(self, node):
         if self.plain.rounding != "onnx" or node.op != "GlobalAveragePool":
