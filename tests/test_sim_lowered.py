@@ -947,3 +947,21 @@ def test_fast_engine_lowers_float_nodes_and_eval_says_why_auto_is_slow(tmp_path,
         assert len(notes) == (engine == "auto") and all("--sim-engine fast" in n for n in notes)
         top1[engine] = out.split("top-1 ")[1].split("%")[0]
     assert top1["auto"] == top1["fast"]
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+def test_float_inputs_quantized_by_onnx_runtime_as_quantize_input(dtype):
+    """The lowered simulator quantizes float inputs with ONNX Runtime's QuantizeLinear: the same codes
+    as quantize_input on random values, exact ties (k + 1/2 steps), the clamp's ends and beyond."""
+    from npuforge.sim.integer import quantize_input
+
+    rng = np.random.default_rng(360)
+    g, x, *_ = conv_case(rng)
+    p = g.values["x"].quant
+    p.dtype, p.zero_point = dtype, np.int32(3 if dtype == "uint8" else -5)
+    s = np.float32(p.scale)
+    ties = (np.arange(-300, 300) + np.float32(0.5)) * s
+    values = np.concatenate([rng.standard_normal(5000).astype(np.float32) * 200 * s, ties,
+                             np.float32([0, -0.0, 1e30, -1e30, 127.5 * s, -128.5 * s])])
+    low = LoweredSimulator(g, "fixedpoint", form="float")
+    np.testing.assert_array_equal(low._quantize("x", values, p), quantize_input(values, p))

@@ -544,6 +544,7 @@ class LoweredSimulator:
                 if self.form == (form or "float"):  # the last form to try
                     raise
         self.lowering = builder.report
+        self._quantizers: dict = {}  # input -> ONNX Runtime session quantizing it
 
     def run(self, feeds: dict, outputs: list[str] | None = None, dequantize: bool = True) -> dict:
         g = self.graph
@@ -564,7 +565,7 @@ class LoweredSimulator:
                 continue
             if name not in codes:
                 check_finite(checked[name], f"input '{name}'", "the integer simulator")
-            q = codes[name] if name in codes else quantize_input(checked[name].numpy(), p)
+            q = codes[name] if name in codes else self._quantize(name, checked[name].numpy(), p)
             ort_feeds[name] = q if self.form == "qoperator" else q.astype(np.float32) - np.float32(int(p.zero_point))
         got = self.session.run(wanted, ort_feeds)
         result = {}
@@ -576,6 +577,31 @@ class LoweredSimulator:
             q = y if self.form == "qoperator" else (y + np.float32(int(p.zero_point))).astype(NP_INT[p.dtype])
             result[name] = dequantize_output(q, p) if dequantize else q
         return result
+
+
+    def _quantize(self, name: str, x: np.ndarray, p) -> np.ndarray:
+        """Float input -> codes: ONNX Runtime's QuantizeLinear for a per-tensor 8-bit input (MLAS divides
+        by the scale in float32, clamps, rounds half to even and adds the zero point: the numbers of
+        :func:`quantize_input`, several times faster on a batch of images), else quantize_input."""
+        if p.per_channel or p.dtype not in ("uint8", "int8") or x.dtype != np.float32:
+            return quantize_input(x, p)
+        if name not in self._quantizers:
+            from onnx import helper, numpy_helper
+
+            params = [numpy_helper.from_array(np.float32(p.scale), "scale"),
+                      numpy_helper.from_array(np.asarray(int(p.zero_point), NP_INT[p.dtype]), "zp")]
+            graph = helper.make_graph([helper.make_node("QuantizeLinear", ["x", "scale", "zp"], ["q"])], "quantize",
+                                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                                      [helper.make_tensor_value_info("q", params[1].data_type, None)], params)
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+            model.ir_version = 8
+            import onnxruntime as ort
+
+            options = ort.SessionOptions()  # one thread: a second pool's spinning threads would slow the main one
+            options.intra_op_num_threads = options.inter_op_num_threads = 1
+            options.log_severity_level = 3
+            self._quantizers[name] = _session(model, options)
+        return self._quantizers[name].run(None, {"x": x})[0]
 
 
 def _session(model, options):
