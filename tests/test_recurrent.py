@@ -14,7 +14,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import npuforge
 from npuforge.errors import NpuforgeError
@@ -246,3 +246,26 @@ def test_recurrent_model_deploys_from_the_command_line(tmp_path, capsys):
     assert main(["export", q, "--format", "tflite", "-o", str(tmp_path / "q.tflite"), "--check-litert", "3"]) == 0
     assert "3/3 random inputs bit-exact" in capsys.readouterr().out
     assert main(["compile", q, "-o", str(tmp_path / "q.npub")]) == 0
+
+
+def test_lstm_weights_sliced_from_an_initializer_are_folded_at_import():
+    """W computed from constants only (Unsqueeze(Slice(initializer)), as exporters write a layer's
+    weights cut from one larger tensor) is folded at import, even past the size up to which values
+    propagate during inference; a W that a graph input reaches is still refused."""
+    model, feeds = recurrent_model("LSTM", 4, 1, 300, 64, seed=7)
+    w = numpy_helper.to_array(model.graph.initializer[0])  # [1, 256, 300]
+    big = np.concatenate([w[0], np.ones((44, 300), np.float32)])  # [300, 300]: 90,000 elements
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(big, "W_all"))
+    model.graph.initializer.extend([numpy_helper.from_array(np.int64([0]), "starts"),
+                                    numpy_helper.from_array(np.int64([256]), "ends"),
+                                    numpy_helper.from_array(np.int64([0]), "axes")])
+    cut = [helper.make_node("Slice", ["W_all", "starts", "ends", "axes"], ["W_rows"], name="cut"),
+           helper.make_node("Unsqueeze", ["W_rows", "axes"], ["W"], name="unsqueeze")]
+    model.graph.node.insert(0, cut[1])
+    model.graph.node.insert(0, cut[0])
+    assert_matches_ort(model, feeds)
+    model.graph.input.append(helper.make_tensor_value_info("scale", TensorProto.FLOAT, (1,)))
+    model.graph.node.insert(1, helper.make_node("Mul", ["W_rows", "scale"], ["W_scaled"], name="scaled"))
+    model.graph.node[2].input[0] = "W_scaled"
+    with pytest.raises(NpuforgeError, match=r"node 'rnn' \(LSTM\): its W 'W' is computed at run time"):
+        npuforge.import_onnx(model)

@@ -965,3 +965,18 @@ def test_float_inputs_quantized_by_onnx_runtime_as_quantize_input(dtype):
                              np.float32([0, -0.0, 1e30, -1e30, 127.5 * s, -128.5 * s])])
     low = LoweredSimulator(g, "fixedpoint", form="float")
     np.testing.assert_array_equal(low._quantize("x", values, p), quantize_input(values, p))
+
+
+def test_threshold_guess_of_a_zero_scale_warns_nothing():
+    """A dead channel's scale of 0 has no step: its guessed thresholds are the range's end, with no
+    NumPy warning (it reached the user's terminal on six real models)."""
+    import warnings
+
+    from npuforge.sim.monotone_fit import Formula
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for symmetric in (False, True):
+            x = Formula(np.float64([0.0, 0.5]), np.float64([0.0, 0.0]), symmetric=symmetric).steps(
+                np.tile(np.arange(-2, 3), (2, 1)))
+            assert x.dtype == np.int64 and (np.abs(x[0]) == 2**62).all()

@@ -297,6 +297,10 @@ def _rename_refs(g: onnx.GraphProto, rename: dict) -> None:
         o.name = rename.get(o.name, o.name)
 
 
+MAX_FOLDED = 1 << 24  # elements of a weight computed from constants at import (folded)
+MAX_FOLD_DEPTH = 64  # nodes between such a weight and its initializers
+
+
 class _OnnxImporter:
     def __init__(self, model: onnx.ModelProto, graph: Graph, ctx: ImportContext, where: str):
         self.graph, self.ctx, self.where = graph, ctx, where
@@ -472,6 +476,30 @@ class _OnnxImporter:
         if info is None or info.value is None or np.asarray(info.value).dtype == object:
             return None
         return np.asarray(info.value)
+
+    def folded(self, name: str, depth: int = 0):
+        """``name``'s value if it is computed from constants alone (an LSTM's weights sliced and
+        concatenated from one initializer, too large for import-time propagation), computed now
+        by the IR nodes already converted; None if a graph input reaches it, past MAX_FOLD_DEPTH
+        nodes, or beyond MAX_FOLDED elements."""
+        value = self.known(name)
+        if value is not None or depth > MAX_FOLD_DEPTH:
+            return value
+        node = next((n for n in reversed(self.graph.nodes) if name in n.outputs), None)
+        if node is None:
+            return None
+        ins = [self.folded(i, depth + 1) if i else None for i in node.inputs]
+        if any(i and v is None for i, v in zip(node.inputs, ins)):
+            return None
+        try:
+            import torch
+
+            with torch.no_grad():
+                ys = get_op(node.op).forward(node, [None if v is None else torch.from_numpy(np.array(v)) for v in ins])
+        except (NpuforgeError, RuntimeError, ValueError, TypeError):
+            return None
+        y = ys[node.outputs.index(name)].numpy()
+        return y if y.size <= MAX_FOLDED else None
 
     def known_scalar(self, name: str, at: str, what: str):
         """The one-element value of ``name`` known at import (a condition, a trip count), or the refusal."""

@@ -117,7 +117,7 @@ class _Unroller:
             if required:
                 raise ModelFormatError(f"{self.at}: input {label} is missing")
             return None
-        value = self.imp.known(name)
+        value = self.imp.folded(name)
         if value is None:
             raise UnsupportedError(f"{self.at}: its {label} '{name}' is computed at run time; npuforge imports "
                                    f"{self.kind} only with W, R, B and P known at import (constant weights)")

@@ -266,7 +266,8 @@ def const_ints(node, info, what: str) -> list | None:
 def static_dims(node, shape, what: str = "input") -> tuple:
     if shape is None or any(not isinstance(d, int) for d in shape):
         unsupported(node, f"{what} shape {shape} must be static here; fix the model's dynamic input sizes with "
-                          f"--input-shape NAME=1,3,H,W (input_shapes= in the Python API)")
+                          f"--input-shape NAME=D0,D1,... (one size per dim: 1,3,224,224 for an image, 1,16000 for a "
+                          f"second of 16 kHz audio; input_shapes= in the Python API)")
     return tuple(shape)
 
 

@@ -72,12 +72,13 @@ class Formula:
         b = np.zeros_like(r) if self.b is None else self.b[:, None].astype(np.float64)
         if self.rnd == "round":
             b = b + 0.5
-        x = np.ceil((levels - b) / r)
-        if self.symmetric:  # below zero: the first x with |x| r + b < 1 - j
-            x = np.where(levels <= 0, np.floor((levels - 1 + b) / r) + 1, x)
+        with np.errstate(divide="ignore", invalid="ignore"):  # r = 0 (a dead channel): no step, a guess at the end
+            x = np.ceil((levels - b) / r)
+            if self.symmetric:  # below zero: the first x with |x| r + b < 1 - j
+                x = np.where(levels <= 0, np.floor((levels - 1 + b) / r) + 1, x)
         if self.pre is not None:
             x -= self.pre[:, None]
-        return np.clip(x, -2.0**62, 2.0**62).astype(np.int64)
+        return np.clip(np.nan_to_num(x, nan=2.0**62), -2.0**62, 2.0**62).astype(np.int64)
 
     def take(self, other: "Formula", mask: np.ndarray) -> "Formula":
         """This formula with the channels in ``mask`` taken from ``other`` (same structure)."""
