@@ -554,6 +554,43 @@ def test_a_norm_of_another_value_or_a_clip_with_a_maximum_is_not_l2_normalize():
     assert ops(run(g, ["recognize_normalizations"])) == ["L2Normalize"]
 
 
+class WrittenOutLayerNorm(nn.Module):
+    """Layer normalization as older exporters write it: over the last axis with Pow (and gamma,
+    beta), over the last two with d * d (no affine), and a mean over a middle axis (not one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 12)
+        self.gamma = nn.Parameter(torch.linspace(0.5, 2.0, 12))
+        self.beta = nn.Parameter(torch.linspace(-1.0, 1.0, 12))
+
+    def forward(self, x):
+        h = self.fc(x)
+        d = h - h.mean(dim=-1, keepdim=True)
+        a = d / torch.sqrt(d.pow(2).mean(dim=-1, keepdim=True) + 1e-5) * self.gamma + self.beta
+        e = h - h.mean(dim=(1, 2), keepdim=True)
+        b = e / torch.sqrt((e * e).mean(dim=(1, 2), keepdim=True) + 1e-3)
+        f = h - h.mean(dim=1, keepdim=True)
+        c = f / torch.sqrt((f * f).mean(dim=1, keepdim=True) + 1e-3)
+        return a + b + c
+
+
+def test_written_out_layer_norm_is_recognised_with_its_affine_and_quantizes():
+    m = WrittenOutLayerNorm().eval()
+    out = run(npuforge.from_torch(m, torch.zeros(2, 5, 8)), ["fold_constants", "recognize_normalizations"])
+    norms = sorted((n.attrs["axis"], np.float32(n.attrs["epsilon"]), len(n.inputs)) for n in out.nodes
+                   if n.op == "LayerNormalization")
+    assert norms == [(1, np.float32(1e-3), 2), (2, np.float32(1e-5), 3)]
+    assert ops(out).count("Div") == 1  # the mean over the middle axis stays written out
+    x = RNG.standard_normal((3, 5, 8)).astype(np.float32)
+    with torch.no_grad():
+        ref = m(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(out.run({out.inputs[0]: x})[out.outputs[0]], ref, rtol=1e-5, atol=2e-5)
+    q = npuforge.quantize(out, [RNG.standard_normal((3, 5, 8)).astype(np.float32) for _ in range(4)],
+                          log=lambda msg: None)
+    assert [n.op for n in q.nodes if n.op == "LayerNormalization" and n.quant]
+
+
 def gelu_tanh_nodes(assoc: int):
     k = {"c": np.array(0.044715, np.float32), "s": np.array(np.sqrt(2 / np.pi), np.float32),
          "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)}

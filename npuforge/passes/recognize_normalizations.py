@@ -1,4 +1,4 @@
-"""L2 normalization recognised as one op, so that it quantizes as one integer rule.
+"""L2 and layer normalization recognised as one op, so that each quantizes as one integer rule.
 
 ``F.normalize(x, dim=d)`` exports as ReduceL2(x, [d], keepdims=1) -> Clip(min=eps) ->
 Expand(to x's shape) -> Div(x, .); ``x / x.norm(dim=d, keepdim=True)`` as the same
@@ -7,13 +7,20 @@ without the Clip and the Expand. Div of two activations has no quantization rule
 has an exact one (npuforge/quant/layernorm_rule.py). The Div becomes
 ``L2Normalize(x, axes, epsilon)``; the ReduceL2, Clip and Expand go when nothing
 else reads them.
+
+Layer normalization written out (exporters that predate LayerNormalization, Paddle's):
+``d = x - ReduceMean(x, axes)``, ``Div(d, Sqrt(ReduceMean(d * d or Pow(d, 2), axes) + eps))``,
+over trailing axes, then maybe ``* gamma`` and ``+ beta`` by constants. The Div becomes
+``LayerNormalization(x, gamma, beta, axis, epsilon)``, taking over the Mul and Add.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir import dtypes
 from .manager import register_pass
-from .rewrite import const, prune, scalar
+from .rewrite import absorb_consumer, const, new_const, prune, scalar, single_consumer
 
 
 def _norm_of(graph, name: str, producers: dict) -> tuple | None:
@@ -38,12 +45,105 @@ def _norm_of(graph, name: str, producers: dict) -> tuple | None:
     return x.name, sorted(int(a) % len(x.shape) for a in axes), eps
 
 
-@register_pass("recognize_normalizations", "x / max(ReduceL2(x), eps) (F.normalize) -> L2Normalize")
+def _trailing_mean(graph, name: str, producers: dict) -> tuple | None:
+    """(x, first axis) when ``name`` is ReduceMean(x) over x's trailing axes, dims kept."""
+    node = producers.get(name)
+    if node is None or node.op != "ReduceMean" or not node.attrs.get("keepdims", 1):
+        return None
+    rank = len(graph.values[node.inputs[0]].shape)
+    axes = const(graph, node.inputs[1]) if len(node.inputs) > 1 else node.attrs.get("axes")
+    if axes is None or np.asarray(axes).size == 0:
+        return None
+    axes = sorted(int(a) % rank for a in np.asarray(axes).reshape(-1))
+    if axes != list(range(axes[0], rank)):
+        return None
+    return node.inputs[0], axes[0]
+
+
+def _centred(graph, name: str, producers: dict) -> tuple | None:
+    """(x, axis) when ``name`` is x - ReduceMean(x) over trailing axes from ``axis``."""
+    node = producers.get(name)
+    if node is None or node.op != "Sub":
+        return None
+    mean = _trailing_mean(graph, node.inputs[1], producers)
+    return mean if mean is not None and mean[0] == node.inputs[0] else None
+
+
+def _layer_norm_of(graph, node, producers: dict) -> tuple | None:
+    """(x, axis, epsilon) when Div ``node`` is a layer normalization written out."""
+    centred = _centred(graph, node.inputs[0], producers)
+    root = producers.get(node.inputs[1])
+    if centred is None or root is None or root.op != "Sqrt":
+        return None
+    shifted = producers.get(root.inputs[0])
+    if shifted is None or shifted.op != "Add":
+        return None
+    eps = [scalar(graph, i) for i in shifted.inputs]
+    k = 1 if eps[1] is not None else 0
+    if eps[k] is None or eps[k] < 0 or eps[1 - k] is not None:
+        return None
+    var = _trailing_mean(graph, shifted.inputs[1 - k], producers)
+    square = producers.get(var[0]) if var is not None else None
+    if square is None or var[1] != centred[1]:
+        return None
+    if square.op == "Pow" and scalar(graph, square.inputs[1]) == 2.0:
+        d = square.inputs[0]
+    elif square.op == "Mul" and square.inputs[0] == square.inputs[1]:
+        d = square.inputs[0]
+    else:
+        return None
+    if d != node.inputs[0] and _centred(graph, d, producers) != centred:
+        return None
+    return centred[0], centred[1], eps[k]
+
+
+def _affine_consumer(graph, name: str, op: str, normalized: tuple, users: dict):
+    """(the only consumer of ``name``, its constant) if it is ``op`` by a constant that broadcasts to
+    the normalized shape; else (None, None)."""
+    user = single_consumer(graph, name, users)
+    if user is None or user.op != op:
+        return None, None
+    other = user.inputs[1] if user.inputs[0] == name else user.inputs[0]
+    data = const(graph, other)
+    if data is None or data.ndim > len(normalized) or \
+            np.broadcast_shapes(data.shape, normalized) != tuple(normalized):
+        return None, None
+    return user, np.broadcast_to(data, normalized).astype(np.float32)
+
+
+def _layer_norm(graph, node, found: tuple, users: dict) -> None:
+    x, axis, eps = found
+    normalized = tuple(graph.values[x].shape[axis:])
+    gamma, beta = np.ones(normalized, np.float32), None
+    mul, scale = _affine_consumer(graph, node.outputs[0], "Mul", normalized, users)
+    if mul is not None:
+        absorb_consumer(graph, node, mul)
+        gamma = scale
+    add, shift = _affine_consumer(graph, node.outputs[0], "Add", normalized, graph.consumers())
+    if add is not None:
+        absorb_consumer(graph, node, add)
+        beta = shift
+    inputs = [x, new_const(graph, f"{node.name}_gamma", gamma)]
+    if beta is not None:
+        inputs.append(new_const(graph, f"{node.name}_beta", beta))
+    node.op, node.inputs = "LayerNormalization", inputs
+    node.attrs = {"axis": axis, "epsilon": eps, "stash_type": 1}
+
+
+@register_pass("recognize_normalizations",
+               "x / max(ReduceL2(x), eps) (F.normalize) -> L2Normalize; layer norm written out -> LayerNormalization")
 def recognize_normalizations(graph) -> int:
     changes = 0
     producers = graph.producers()
-    for node in graph.nodes:
+    for node in list(graph.nodes):
         if node.op != "Div" or graph.values[node.outputs[0]].dtype not in dtypes.FLOAT_DTYPES:
+            continue
+        layer = _layer_norm_of(graph, node, producers)
+        x = graph.values[layer[0]] if layer is not None else None
+        if layer is not None and x.dtype == "float32" and all(isinstance(d, int) for d in x.shape[layer[1]:]) and \
+                tuple(x.shape) == tuple(graph.values[node.outputs[0]].shape):
+            _layer_norm(graph, node, layer, graph.consumers())
+            changes += 1
             continue
         found = _norm_of(graph, node.inputs[1], producers)
         if found is None or found[0] != node.inputs[0]:
