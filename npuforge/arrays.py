@@ -1,9 +1,14 @@
 """Model inputs that are not photos: a folder of ``.npy`` / ``.npz`` / ``.wav`` files.
 
-Each file holds one sample, or several along a leading batch dim: a ``.npy`` file the
-single input of a one-input model, a ``.npz`` file one array per input name. An
-array of the input's rank is a batch; one dim fewer, a single sample. Float arrays
-are cast to the input's float type, integer arrays (token ids) to its integer type.
+Each file holds one sample, or several: a ``.npy`` file the single input of a one-input
+model, a ``.npz`` file one array per input name. What a sample is follows the input's
+declared shape. Where its leading dim is dynamic (a batch), an array of the input's rank
+is a batch and one dim fewer a single sample. Where the model fixes the leading dim (a
+batch of 4, an LSTM state [1, 1, 128] whose dim 0 counts layers), an array of the
+declared shape is one sample as it is and one of [k, *shape] k samples (a fixed dim 0 of
+1 also takes the batch forms). The arrays of a file hold the same number of samples.
+Float arrays are cast to the input's float type, integer arrays (token ids) to its
+integer type.
 A ``.wav`` file (PCM, 8 to 32 bits; channels averaged; not resampled) is one sample of
 a one-input audio model in [-1, 1), cut or zero-padded to the input's static length.
 Files are read in name order. Every fault is one line naming the file.
@@ -89,17 +94,53 @@ def _load(path: Path, inputs: list[str], graph=None) -> dict:
     return {n: arrays[n] for n in inputs}
 
 
-def _as_batch(graph, name: str, arr: np.ndarray, path: Path) -> np.ndarray:
+def _static(dim) -> bool:
+    """Whether a declared dim is a fixed size (symbolic names, -1 and 0 are dynamic)."""
+    return isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and dim > 0
+
+
+def _fits(got, shape) -> bool:
+    """Whether an array shape ``got`` matches the declared ``shape`` (its dynamic dims take any size)."""
+    return len(got) == len(shape) and all(not _static(d) or g == d for g, d in zip(got, shape))
+
+
+def _dims(shape) -> list:
+    return [int(d) if isinstance(d, (int, np.integer)) else d for d in shape]
+
+
+class Feed(dict):
+    """One sample of a model that fixes the leading dim of an input (a batch of 4, an LSTM
+    state [1, 1, 128]): a whole feed of the model, run as it is, never stacked with others."""
+
+
+def _samples_of(graph, name: str, arr: np.ndarray, path: Path):
+    """Input ``name``'s samples in the array ``arr`` of file ``path``: (count, take) where
+    ``take(i)`` is sample i as the model takes it (the input's declared shape; a batch dim
+    of 1 where the leading dim is dynamic)."""
     v = graph.values[name]
-    rank = len(v.shape)
-    if arr.ndim == rank - 1:
-        arr = arr[None]
-    elif arr.ndim != rank:
-        raise NpuforgeError(f"{path}: '{name}' has shape {list(arr.shape)}; the input is {list(v.shape)} (give one "
-                            f"sample without the batch dim, or a batch)")
-    for got, dim in zip(arr.shape[1:], v.shape[1:]):
-        if isinstance(dim, int) and got != dim:
-            raise NpuforgeError(f"{path}: '{name}' has shape {list(arr.shape)}; the input is {list(v.shape)}")
+    shape = tuple(v.shape)
+    rank = len(shape)
+    if rank and not _static(shape[0]):  # a dynamic leading dim: dim 0 counts samples
+        if arr.ndim == rank - 1:
+            arr = arr[None]
+        elif arr.ndim != rank:
+            raise NpuforgeError(f"{path}: '{name}' has shape {list(arr.shape)}; the input is {_dims(shape)} (give "
+                                f"one sample without the batch dim, or a batch)")
+        if not _fits(arr.shape[1:], shape[1:]):
+            raise NpuforgeError(f"{path}: '{name}' has shape {list(arr.shape)}; the input is {_dims(shape)}")
+        rows = True
+    elif arr.ndim == rank + 1 and _fits(arr.shape[1:], shape):  # [k, *shape]: k samples
+        rows = False
+    elif arr.ndim == rank and _fits(arr.shape, shape):  # the declared shape: one sample as it is
+        arr, rows = arr[None], False
+    elif shape[0] == 1 and arr.ndim == rank - 1 and _fits(arr.shape, shape[1:]):  # a fixed batch of 1: a
+        arr, rows = arr[None], True  # sample without it, or a batch of them
+    elif shape[0] == 1 and arr.ndim == rank and _fits(arr.shape[1:], shape[1:]):
+        rows = True
+    else:
+        raise NpuforgeError(f"{path}: '{name}' has shape {list(arr.shape)}; the model's input is {_dims(shape)} "
+                            f"with a fixed dim 0 (give one sample of that shape, or k of them as [k, "
+                            f"{', '.join(map(str, _dims(shape)))}])")
     want = dtypes.to_numpy(v.dtype)
     if np.issubdtype(want, np.floating) != np.issubdtype(arr.dtype, np.floating) or arr.dtype.kind not in "biuf":
         raise NpuforgeError(f"{path}: '{name}' is {arr.dtype}; the input is {v.dtype}")
@@ -107,34 +148,54 @@ def _as_batch(graph, name: str, arr: np.ndarray, path: Path) -> np.ndarray:
         info = np.iinfo(want)
         if arr.size and (arr.min() < info.min or arr.max() > info.max):
             raise NpuforgeError(f"{path}: '{name}' holds values outside {v.dtype}")
-    return arr.astype(want)
+    arr = arr.astype(want)
+    return len(arr), ((lambda i: arr[i:i + 1]) if rows else (lambda i: arr[i]))
 
 
 def read_samples(graph, files: list[Path], limit: int) -> list[dict]:
-    """The first ``limit`` samples of ``files``, each {input name: array with a batch dim of 1}."""
+    """The first ``limit`` samples of ``files``, each {input name: array}: an input with a
+    dynamic leading dim gets a batch dim of 1, one whose leading dim the model fixes its
+    declared shape (and the sample is then a :class:`Feed`, which :func:`batches` never stacks)."""
+    whole = any(not v.shape or _static(v.shape[0]) for v in (graph.values[n] for n in graph.inputs))
     samples = []
     for path in files:
-        feeds = {n: _as_batch(graph, n, a, path) for n, a in _load(path, list(graph.inputs), graph).items()}
-        counts = {len(a) for a in feeds.values()}
-        if len(counts) != 1:
-            raise NpuforgeError(f"{path}: its arrays hold different numbers of samples ({sorted(counts)})")
-        for i in range(counts.pop()):
-            samples.append({n: a[i:i + 1] for n, a in feeds.items()})
+        loaded = _load(path, list(graph.inputs), graph)
+        parts = {n: _samples_of(graph, n, a, path) for n, a in loaded.items()}
+        counts = {n: count for n, (count, _) in parts.items()}
+        if len(set(counts.values())) > 1:
+            raise NpuforgeError(f"{path}: its arrays hold different numbers of samples: " + ", ".join(
+                f"'{n}' {list(loaded[n].shape)} holds {counts[n]} (the input is "
+                f"{_dims(graph.values[n].shape)})" for n in parts) + "; an array of the input's shape is one "
+                f"sample, an array [k, *shape] k samples (k along dim 0 where the input's dim 0 is dynamic)")
+        for i in range(next(iter(counts.values()), 0)):
+            sample = {n: take(i) for n, (_, take) in parts.items()}
+            samples.append(Feed(sample) if whole else sample)
             if len(samples) == limit:
                 return samples
     return samples
 
 
 def batches(samples: list[dict], size: int) -> list[dict]:
-    """Consecutive samples stacked ``size`` at a time; samples of different shapes do not stack."""
+    """Consecutive samples stacked ``size`` at a time; samples of different shapes do not stack,
+    and a :class:`Feed` (a model that fixes an input's leading dim) is a batch alone."""
     out = []
-    for start in range(0, len(samples), size):
-        group = samples[start:start + size]
+    start = 0
+    while start < len(samples):
+        if isinstance(samples[start], Feed):
+            out.append(samples[start])
+            start += 1
+            continue
+        group = []
+        for s in samples[start:start + size]:
+            if isinstance(s, Feed):
+                break
+            group.append(s)
         try:
             out.append({n: np.concatenate([s[n] for s in group]) for n in group[0]})
         except ValueError:
             raise NpuforgeError(f"calibration samples {start} to {start + len(group) - 1} have different shapes; "
                                 f"give samples of one shape, or --batch-size 1") from None
+        start += len(group)
     return out
 
 
@@ -156,8 +217,8 @@ class ArrayDataset:
         self.samples: list[tuple[np.ndarray, int, Path]] = []
         for label, folder in enumerate(folders):
             for path in array_files(folder):
-                for sample in read_samples(graph, [path], -1):
-                    self.samples.append((sample[graph.inputs[0]][0], label, path))
+                for sample in read_samples(graph, [path], -1):  # (a fixed batch of B: B rows, each labelled)
+                    self.samples.extend((row, label, path) for row in sample[graph.inputs[0]])
         self.samples = self.samples[skip:]
         if limit is not None:
             self.samples = self.samples[:limit]

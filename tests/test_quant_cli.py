@@ -244,6 +244,74 @@ def test_quantize_calibrates_a_token_model_on_npy_and_npz_files(capsys, tmp_path
     one_line_error(code, err, "c.npy", "[2, 7]")
 
 
+def _stateful_model(path):
+    """Two inputs whose dim 0 is no sample count: 'x' [4, 8] (a batch of 4 fixed in the model) and an
+    LSTM-like state 'h' [1, 1, 5] (dim 0: layers); y = x @ W + sum(h)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(8, 3)).astype(np.float32), "W")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["xw"]),
+             helper.make_node("ReduceSum", ["h"], ["hs"], keepdims=0),
+             helper.make_node("Add", ["xw", "hs"], ["y"])]
+    graph = helper.make_graph(nodes, "stateful", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8]),
+                                                  helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 1, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])], initializer=[w])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path
+
+
+def test_npz_samples_follow_the_models_fixed_input_shapes(capsys, tmp_path):
+    """A .npz for a model that fixes 'x' [4, 8] and a state 'h' [1, 1, 5]: arrays of the declared shapes
+    are one sample (dim 0 of 4 and of 1 are no sample counts), [k, *shape] k samples; each sample is fed
+    whole, never stacked with another; the CLI calibrates from either."""
+    from npuforge.arrays import array_files, batches, read_samples
+
+    model = _stateful_model(tmp_path / "stateful.onnx")
+    rng = np.random.default_rng(1)
+    (tmp_path / "one").mkdir()
+    x, h = rng.normal(size=(4, 8)).astype(np.float32), rng.normal(size=(1, 1, 5)).astype(np.float32)
+    np.savez(tmp_path / "one" / "0.npz", x=x, h=h)
+    (tmp_path / "stacked").mkdir()
+    xs, hs = rng.normal(size=(3, 4, 8)).astype(np.float32), rng.normal(size=(3, 1, 1, 5)).astype(np.float32)
+    np.savez(tmp_path / "stacked" / "0.npz", x=xs, h=hs)
+    graph = npuforge.load(model)
+    one = read_samples(graph, array_files(tmp_path / "one"), 10)
+    assert len(one) == 1 and np.array_equal(one[0]["x"], x) and np.array_equal(one[0]["h"], h)
+    stacked = read_samples(graph, array_files(tmp_path / "stacked"), 10)
+    assert [s["x"].shape for s in stacked] == [(4, 8)] * 3 and [s["h"].shape for s in stacked] == [(1, 1, 5)] * 3
+    assert np.array_equal(stacked[2]["x"], xs[2]) and np.array_equal(stacked[2]["h"], hs[2])
+    fed = batches(stacked, 4)  # (the batch size the CLI takes from x's fixed dim 0)
+    assert [(b["x"].shape, b["h"].shape) for b in fed] == [((4, 8), (1, 1, 5))] * 3
+    for folder, count in (("one", 1), ("stacked", 3)):
+        code, out, err = run(capsys, "quantize", model, "--calib", tmp_path / folder, "--num-calib", count,
+                             "-o", tmp_path / f"{folder}.nfir", "--json")
+        assert code == 0, err
+        assert json.loads(out)["float_nodes"] == []
+    code, _, err = run(capsys, "quantize", model, "--calib", tmp_path / "stacked", "--num-calib", 4,
+                       "-o", tmp_path / "more.nfir")
+    one_line_error(code, err, "holds 3 samples but --num-calib is 4")
+
+
+def test_npz_arrays_holding_different_sample_counts_are_one_line(capsys, tmp_path):
+    """A .npz whose arrays disagree on their sample count (read against the model's shapes), or whose
+    array fits neither form of a fixed input, is refused in one line naming the file and the shapes."""
+    model = _stateful_model(tmp_path / "stateful.onnx")
+    rng = np.random.default_rng(2)
+    (tmp_path / "calib").mkdir()
+    np.savez(tmp_path / "calib" / "0.npz", x=rng.normal(size=(2, 4, 8)).astype(np.float32),
+             h=rng.normal(size=(1, 1, 5)).astype(np.float32))
+    code, _, err = run(capsys, "quantize", model, "--calib", tmp_path / "calib", "--num-calib", 1, "-o",
+                       tmp_path / "q.nfir")
+    one_line_error(code, err, "0.npz", "different numbers of samples", "'x' [2, 4, 8] holds 2 (the input is [4, 8])",
+                   "'h' [1, 1, 5] holds 1 (the input is [1, 1, 5])")
+    assert "Traceback" not in err
+    np.savez(tmp_path / "calib" / "0.npz", x=rng.normal(size=(8, 8)).astype(np.float32),
+             h=rng.normal(size=(1, 1, 5)).astype(np.float32))
+    code, _, err = run(capsys, "quantize", model, "--calib", tmp_path / "calib", "--num-calib", 1, "-o",
+                       tmp_path / "q.nfir")
+    one_line_error(code, err, "0.npz", "'x' has shape [8, 8]", "[4, 8]", "[k, 4, 8]")
+
+
 def _write_wav(path, samples: np.ndarray, width: int = 2, channels: int = 1, rate: int = 16000) -> None:
     import wave
 
