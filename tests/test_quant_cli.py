@@ -287,6 +287,7 @@ def test_npz_samples_follow_the_models_fixed_input_shapes(capsys, tmp_path):
                              "-o", tmp_path / f"{folder}.nfir", "--json")
         assert code == 0, err
         assert json.loads(out)["float_nodes"] == []
+        assert json.loads(out)["calibration_images"] == count  # samples, not rows of the fixed batch
     code, _, err = run(capsys, "quantize", model, "--calib", tmp_path / "stacked", "--num-calib", 4,
                        "-o", tmp_path / "more.nfir")
     one_line_error(code, err, "holds 3 samples but --num-calib is 4")

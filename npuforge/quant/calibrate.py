@@ -10,6 +10,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from ..arrays import Feed
 from ..errors import NpuforgeError
 from ..sim.float_exec import execute
 from .attention_mask import KeptPositions
@@ -164,7 +165,7 @@ def calibrate(graph, batches: Iterable, names: set, method: str, *, bins: int = 
                  for k, v in as_feeds(graph, batch).items()}
         for part in split_to_fixed_batch(graph, feeds):
             forward(part, observe)
-        images += len(next(iter(feeds.values())))
+        images += 1 if isinstance(batch, Feed) else len(next(iter(feeds.values())))  # a Feed: one whole sample
         batch_index += 1
         if progress is not None:
             progress(images)
