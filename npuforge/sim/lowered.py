@@ -578,7 +578,6 @@ class LoweredSimulator:
             result[name] = dequantize_output(q, p) if dequantize else q
         return result
 
-
     def _quantize(self, name: str, x: np.ndarray, p) -> np.ndarray:
         """Float input -> codes: ONNX Runtime's QuantizeLinear for a per-tensor 8-bit input (MLAS divides
         by the scale in float32, clamps, rounds half to even and adds the zero point: the numbers of
@@ -586,6 +585,7 @@ class LoweredSimulator:
         if p.per_channel or p.dtype not in ("uint8", "int8") or x.dtype != np.float32:
             return quantize_input(x, p)
         if name not in self._quantizers:
+            import onnxruntime as ort
             from onnx import helper, numpy_helper
 
             params = [numpy_helper.from_array(np.float32(p.scale), "scale"),
@@ -595,8 +595,6 @@ class LoweredSimulator:
                                       [helper.make_tensor_value_info("q", params[1].data_type, None)], params)
             model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
             model.ir_version = 8
-            import onnxruntime as ort
-
             options = ort.SessionOptions()  # one thread: a second pool's spinning threads would slow the main one
             options.intra_op_num_threads = options.inter_op_num_threads = 1
             options.log_severity_level = 3
