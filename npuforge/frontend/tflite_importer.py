@@ -11,7 +11,8 @@ NHWC and NCHW element orders differ (they agree when C == 1 or H * W == 1). TF's
 padding becomes explicit pads, fused activations become Relu / Clip nodes (the
 optimizer fuses them again), float16 weights behind DEQUANTIZE float32 constants.
 Sparse constants (TFLite's sparsity parameters) are densified as they are read, so a
-DENSIFY of one folds away; STRIDED_SLICE becomes a Slice on the IR's axes (tflite_ops.py).
+DENSIFY of one folds away; STRIDED_SLICE becomes a Slice on the IR's axes (tflite_ops.py);
+MediaPipe's custom op Convolution2DTransposeBias becomes a ConvTranspose (tflite_custom.py).
 
 Int8 models. The float IR is the dequantized model (weights = scale * codes); every
 activation keeps the file's scale and zero point (``Value.quant``), and each node
@@ -57,6 +58,7 @@ from ..ops.registry import TensorInfo, get_op
 from ..quant.config import QuantConfig
 from ..quant.params import QParams
 from ..quant.quantize import _quantize_node
+from .tflite_custom import CustomRules
 from .tflite_ops import IR_AXIS, TFLITE_CONFIG, TO_FILE, TO_IR, OperatorRules, ir_shape, orders_differ
 from .tflite_recurrent import RecurrentRules
 from .tflite_verify import read_sparsity, verify_model, verify_options
@@ -86,7 +88,7 @@ class _NoOptions:
         return lambda: 0
 
 
-class _Importer(OperatorRules, RecurrentRules):
+class _Importer(OperatorRules, RecurrentRules, CustomRules):
     def __init__(self, buf: bytes, where: str, name: str):
         self.buf, self.where = buf, where
         verify_model(buf, where)  # the generated accessors below check no offset themselves
@@ -434,7 +436,7 @@ class _Importer(OperatorRules, RecurrentRules):
                 continue
             name = self.op_name(index)
             self.at = f"operator {index} ({name})"
-            handler = self.HANDLERS.get(name)
+            handler = self.HANDLERS.get(name) or self.custom_handler(index)  # (an unknown custom op: refused)
             if handler is None:
                 raise UnsupportedError(f"{self.where}: operator {index} is {name}, which npuforge does not import "
                                        f"(docs/tflite.md lists the TFLite operators it reads)")
@@ -447,7 +449,8 @@ class _Importer(OperatorRules, RecurrentRules):
                 self.bad(f"{len(ins)} input(s); {name} takes at least {self.ARITY.get(handler[0], 1)}")
             if min(ins) < 0 and handler[0] not in self.SPARSE_INPUTS:  # else an optional input is the last
                 self.bad(f"the inputs {ins}, omitting one before the last")
-            self.base, self.node_base = self.tname(outs[0]), f"{name.lower()}_{index}"
+            label = name if name in self.HANDLERS else handler[0]  # a custom op: its rule's name
+            self.base, self.node_base = self.tname(outs[0]), f"{label.lower()}_{index}"
             try:
                 getattr(self, handler[0])(ins, outs[0], self.options(self.sg.Operators(index), handler[1]),
                                           *handler[2:])
