@@ -28,7 +28,24 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
+def fixed_input_value(input_shapes: dict | None) -> str | None:
+    """The first input an ``input_shapes`` dict fixes to a value (``--input-value``: a NumPy array), if any."""
+    import numpy as np
+
+    return next((name for name, v in (input_shapes or {}).items() if isinstance(v, (np.ndarray, np.generic))),
+                None)
+
+
+def refuse_input_values(path, input_shapes: dict | None, what: str) -> None:
+    """``--input-value`` on a model that is not ONNX (``what``: a saved IR, a TFLite model): one line."""
+    name = fixed_input_value(input_shapes)
+    if name is not None:
+        raise NpuforgeError(f"{path}: --input-value {name or '(no NAME=)'}: {what}, not an ONNX file; --input-value is "
+                            f"for ONNX models only")
+
+
 def refuse_input_shapes_for_ir(path, input_shapes: dict | None) -> None:
+    refuse_input_values(path, input_shapes, "a saved IR")
     if input_shapes:
         raise NpuforgeError(f"{path}: a saved IR has static input shapes already; --input-shape is for ONNX files")
 
@@ -39,7 +56,10 @@ def load(path, input_shapes: dict | None = None) -> Graph:
     tensors transposed) or a saved npuforge IR (text graph + weights) as a checked Graph.
 
     ``input_shapes`` fixes an ONNX model's dynamic input sizes, e.g.
-    ``{"images": (1, 3, 640, 640)}`` (a string keeps a dim symbolic).
+    ``{"images": (1, 3, 640, 640)}`` (a string keeps a dim symbolic). An entry whose value
+    is a NumPy array fixes that input's value instead (``--input-value``), e.g.
+    ``{"sr": np.array(16000)}``: the input becomes a constant of its own dtype and shape, no
+    longer a graph input, so the If / Loop nodes that depend on it fold at import (ONNX only).
     """
     from .ir import textio
 
@@ -57,6 +77,7 @@ def load(path, input_shapes: dict | None = None) -> Graph:
             raise CheckError([f"{path}: {p}" for p in e.problems]) from None
         return graph
     if head[4:8] == b"TFL3" or path.suffix.lower() == ".tflite":
+        refuse_input_values(path, input_shapes, "a TFLite model")
         if input_shapes:
             raise NpuforgeError(f"{path}: TFLite models have static shapes; --input-shape is for ONNX files")
         from .frontend.tflite_importer import import_tflite

@@ -19,19 +19,59 @@ from .outputs import Planned, add_force_option, check_outputs, input_files
 from .workflow import add_preprocess_options
 
 
-def parse_input_shapes(specs: list[str] | None) -> dict:
+class InputValueSpec(str):
+    """An ``--input-value`` spec: it goes into ``--input-shape``'s list (the same ``args.input_shape``), so
+    that every command's ``parse_input_shapes(args.input_shape)`` reads both."""
+
+
+def _parse_input_value(spec: str):
+    """``NAME=V[,V...]`` -> (name, NumPy array): int64 when every value is an integer, else float64."""
+    import numpy as np
+
+    name, _, text = spec.rpartition("=")
+    if not text.strip():
+        raise NpuforgeError(f"--input-value {spec}: write NAME=V[,V...] (e.g. sr=16000)")
+    values = []
+    for t in text.split(","):
+        t = t.strip()
+        try:
+            values.append(int(t))
+        except ValueError:
+            try:
+                values.append(float(t))
+            except ValueError:
+                raise NpuforgeError(f"--input-value {spec}: {t!r} is not a number; write NAME=V[,V...] "
+                                    f"(e.g. sr=16000)") from None
+    ints = all(isinstance(v, int) for v in values)
+    if ints and any(not -2**63 <= v < 2**63 for v in values):
+        raise NpuforgeError(f"--input-value {spec}: a value is out of the int64 range")
+    return name, np.array(values, np.int64 if ints else np.float64)
+
+
+def parse_input_shapes(specs: list[str] | None, values: list[str] | None = None) -> dict:
     """``--input-shape NAME=1,3,640,640`` (repeatable; NAME= may be left out for a
     one-input model; a non-numeric dim such as N stays symbolic, -1 keeps the model's
-    dim) -> {name: dims}."""
+    dim) -> {name: dims}; ``--input-value NAME=V[,V...]`` (an :class:`InputValueSpec` in
+    ``specs``, or a spec in ``values``) -> {name: NumPy array}, the input fixed to that value
+    at import (see :func:`npuforge.load`)."""
     shapes = {}
-    for spec in specs or []:
+    fixed = {}
+    for spec in list(specs or []) + [InputValueSpec(v) for v in values or []]:
+        if isinstance(spec, InputValueSpec):
+            name, value = _parse_input_value(spec)
+            fixed[name] = value
+            continue
         name, _, dims = spec.rpartition("=")
         shape = tuple(int(d) if d.strip().lstrip("-").isdigit() else d.strip() for d in dims.split(","))
         if not dims or any(d == "" or (isinstance(d, int) and d <= 0 and d != -1) for d in shape):
             raise NpuforgeError(f"--input-shape {spec}: write NAME=D1,D2,... with positive sizes, -1 to keep the "
                                 f"model's dim, or a name such as N to keep it dynamic (e.g. images=1,3,640,640)")
         shapes[name] = shape
-    return shapes
+    for name in fixed:
+        if name in shapes:
+            raise NpuforgeError(f"--input-value {name or '(no NAME=)'}: the input has an --input-shape too; its "
+                                f"value fixes its shape, give one or the other")
+    return {**shapes, **fixed}
 
 
 def add_input_shape_option(parser) -> None:
@@ -39,6 +79,11 @@ def add_input_shape_option(parser) -> None:
                         help="fix an ONNX model's dynamic input sizes, e.g. images=1,3,640,640 (repeat for "
                              "several inputs; NAME= may be left out for a one-input model; a name such as N "
                              "keeps that dim dynamic, -1 keeps the model's dim)")
+    parser.add_argument("--input-value", action="append", dest="input_shape", type=InputValueSpec,
+                        metavar="NAME=V[,V...]",
+                        help="fix an ONNX model's input to a constant value, such as a sample rate (sr=16000), "
+                             "so that the If / Loop branches that depend on it fold at import (repeatable; the "
+                             "input leaves the model's inputs)")
 
 
 def _load(args):

@@ -173,6 +173,9 @@ def resolve_model(spec: str, preprocess: str | None = None, log=None, input_shap
         graph = detector_graph(spec)  # with its letterbox preprocessing record
     elif not path.exists() and spec in list_models():
         if input_shapes:
+            from . import refuse_input_values
+
+            refuse_input_values(spec, input_shapes, "a zoo model")
             raise NpuforgeError(f"{spec}: zoo models have static input shapes; --input-shape is for ONNX files")
         graph = zoo_graph(spec, log)
     elif not path.exists():

@@ -207,16 +207,65 @@ def _sorted_nodes(nodes, known, where: str) -> list:
     return out
 
 
-def _fix_input_shapes(graph: Graph, shapes: dict, where: str) -> None:
+def _fix_input_value(graph: Graph, name: str, value, where: str) -> None:
+    """``--input-value``: graph input ``name`` becomes a constant of its own dtype and declared
+    shape holding ``value`` (a scalar for a 0-d input; the values fill the shape, row-major; a
+    dynamic dim of a 1-d input takes the value count; an array already of the input's rank keeps
+    its shape where the input's dims are dynamic)."""
+    v = graph.values[name]
+    opt = f"{where}: --input-value {name}"
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf":
+        raise NpuforgeError(f"{opt}: {arr.dtype} values are not numbers")
+    dtype = np.dtype(dtypes.to_numpy(v.dtype))
+    shape = tuple(v.shape)
+    if arr.ndim == len(shape) and arr.ndim > 1 and all(not isinstance(d, int) or d == n
+                                                      for d, n in zip(shape, arr.shape)):
+        shape = arr.shape  # an array of the input's own shape (the Python API)
+    elif len(shape) == 1 and not isinstance(shape[0], int):
+        shape = (arr.size,)  # a dynamic 1-d input: as many as given
+    elif not all(isinstance(d, int) for d in shape):
+        raise NpuforgeError(f"{opt}: the input's shape {list(shape)} has dynamic dims; give the value as an "
+                            f"array of the input's rank (input_shapes= in the Python API) to fix them")
+    count = int(np.prod(shape, dtype=np.int64))
+    if arr.size != count:
+        raise NpuforgeError(f"{opt}: {'too many' if arr.size > count else 'too few'} values: {arr.size} given, "
+                            f"but the input ({v.dtype}{list(shape)}) holds {count}")
+    flat = arr.reshape(-1)
+    if dtype.kind in "biu":
+        if arr.dtype.kind == "f" and not np.all(np.isfinite(flat) & (flat == np.round(flat))):
+            bad = next(x for x in flat if not (np.isfinite(x) and x == np.round(x)))
+            raise NpuforgeError(f"{opt}: {bad:g} is not an integer, and the input is {v.dtype}")
+        lo, hi = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+        out = [x for x in flat.tolist() if not lo <= x <= hi]
+        if out:
+            raise NpuforgeError(f"{opt}: {out[0]} is out of the range of the input's dtype {v.dtype} "
+                                f"({lo} to {hi})")
+    v.data = flat.astype(dtype).reshape(shape)
+    v.shape = tuple(int(d) for d in shape)
+    graph.inputs.remove(name)
+
+
+def _fix_input_shapes(graph: Graph, shapes: dict, where: str) -> list:
     """Give graph inputs the sizes the user chose (``--input-shape``): each dim an int,
     a name to keep that axis symbolic (the batch ``N``, say), or -1 (None) to keep the
-    model's dim as it is; a fixed dim the model declares must be kept."""
+    model's dim as it is; a fixed dim the model declares must be kept. An entry whose value
+    is a NumPy array (``--input-value``) makes the input that constant (:func:`_fix_input_value`).
+    Returns the names of the inputs so fixed: constants now, no longer graph inputs."""
+    fixed_values = []
+    inputs = list(graph.inputs)
     for name, dims in shapes.items():
-        if name == "" and len(graph.inputs) == 1:  # NAME= left out on a one-input model
-            name = graph.inputs[0]
-        if name not in graph.inputs:
+        is_value = isinstance(dims, (np.ndarray, np.generic))
+        option = "--input-value" if is_value else "--input-shape"
+        if name == "" and len(inputs) == 1:  # NAME= left out on a one-input model
+            name = inputs[0]
+        if name not in inputs:
             what = f"names '{name}', which is not a graph input" if name else "needs NAME= (several inputs)"
-            raise NpuforgeError(f"{where}: --input-shape {what}; inputs: {', '.join(graph.inputs)}")
+            raise NpuforgeError(f"{where}: {option} {what}; inputs: {', '.join(inputs)}")
+        if is_value:
+            _fix_input_value(graph, name, dims, where)
+            fixed_values.append(name)
+            continue
         v = graph.values[name]
         dims = tuple(dims)
         if len(dims) != len(v.shape):
@@ -239,6 +288,7 @@ def _fix_input_shapes(graph: Graph, shapes: dict, where: str) -> None:
                                     f"not {new}")
             fixed.append(new)
         v.shape = tuple(fixed)
+    return fixed_values
 
 
 # If and Loop: folded at import when what decides them is known then
@@ -606,6 +656,10 @@ def import_onnx(model, name: str | None = None, input_shapes: dict | None = None
     ``input_shapes``: {input name: dims} fixing dynamic input dimensions before the
     import (ints; a string keeps a dim symbolic, -1 or None keeps the model's dim), e.g.
     ``{"images": (1, 3, 640, 640)}``. A dim the file stores as -1 or 0 is dynamic.
+    An entry whose value is a NumPy array fixes that input's value instead (``--input-value``):
+    ``{"sr": np.array(16000)}`` makes input ``sr`` a constant of its own dtype and declared shape
+    (the values fill it; a dynamic dim of a 1-d input takes their count), no longer a graph input,
+    so that the If / Loop nodes and the shapes that depend on it fold at import.
     """
     if isinstance(model, (str, os.PathLike)):
         where = str(model)
@@ -634,7 +688,9 @@ def import_onnx(model, name: str | None = None, input_shapes: dict | None = None
             continue  # an initializer listed as input (IR version < 4): a constant
         v = graph.add_value(_input_value(vi, where))
         graph.inputs.append(v.name)
-    _fix_input_shapes(graph, input_shapes or {}, where)
+    for name_ in _fix_input_shapes(graph, input_shapes or {}, where):  # --input-value: now a constant
+        const = graph.values[name_]
+        ctx.infos[name_] = TensorInfo(const.dtype, const.shape, const.data)
     for name_ in graph.inputs:
         ctx.infos[name_] = TensorInfo(graph.values[name_].dtype, graph.values[name_].shape)
 
