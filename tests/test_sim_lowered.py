@@ -854,9 +854,12 @@ def test_matched_multipliers_run_as_qlinearconv(case):
     q = g.nodes[0].quant  # the quantizer's folded form (shift 0); TFLite's rounds twice, see ort_multipliers
     folded = requant_multiplier(multiplier_value(g.values[q["multiplier"]].data, g.values[q["shift"]].data))
     g.values[q["multiplier"]].data, g.values[q["shift"]].data = folded
-    before = np.asarray(g.values[q["multiplier"]].data, np.int64).copy()
+    def real():  # the multipliers' values (a right shift may be folded into its multiplier)
+        return multiplier_value(g.values[q["multiplier"]].data, g.values[q["shift"]].data).astype(np.float64)
+
+    before = real()
     report = match_multipliers(g)
-    after = np.asarray(g.values[g.nodes[0].quant["multiplier"]].data, np.int64)
+    after = real()
     assert report["channels"] == len(before)  # (the share matched on a real model: test_sim_integer_model)
     assert np.all(np.abs(after - before) <= before * 2.0**-18)
     unmatched = report["channels"] - report["matched"]  # (where float32 rounding moves a step: run apart)
@@ -865,6 +868,39 @@ def test_matched_multipliers_run_as_qlinearconv(case):
         apart = int(lowering.split("; ")[1].split()[0]) if ";" in lowering else 0
         assert lowering.startswith("QLinearConv") and (apart == unmatched if mode == "fixedpoint" else
                                                       apart <= unmatched)
+
+
+def test_a_right_shift_is_folded_where_that_lets_qlinearconv_reproduce_the_channel():
+    """A multiplier below 2^-11 keeps a right shift (TFLite's normalized form), which rounds twice,
+    the second time half away from zero on both sides: on outputs of both signs no float32 scale
+    follows it. match_multipliers folds the shift into the multiplier (round(M / 2^e), moving it by
+    at most 2^-20) where that channel then matches, so it runs as QLinearConv; the values move by
+    at most 2^-18 and the lowering still equals the plain simulator."""
+    from npuforge.quant.ort_multipliers import fold_shifts, match_multipliers
+    from npuforge.quant.requant import multiplier_value
+
+    m, e = fold_shifts(np.int64([2**30 + 12345, 2**30 + 12345, 2**31 - 1]), np.int64([11, 12, 0]))
+    assert list(e) == [0, 0, 0] and m[0] == round((2**30 + 12345) / 2**11) and m[2] == 2**31 - 1
+    assert list(fold_shifts(np.int64([2**30 + 12345]), np.int64([15]))[1]) == [15]  # 16 bits left: too coarse
+    rng = np.random.default_rng(395)
+    g, x, *_ = conv_case(rng, cout=8)
+    q = g.nodes[0].quant
+    g.values["y"].quant.zero_point = np.array(128, np.int32)  # outputs of both signs, as a projection's
+    g.values["y"].quant.scale = np.array(g.values["y"].quant.scale * 8, np.float32)  # multipliers below 2^-11
+    real = np.float64(g.values["x"].quant.scale) * g.values["w"].quant.scale.astype(np.float64) / \
+        np.float64(g.values["y"].quant.scale)
+    assert (real < 2.0**-11).all()
+    shift = np.floor(np.log2(real)).astype(np.int64) + 1  # normalized: M in [2^30, 2^31)
+    g.values[q["multiplier"]].data = np.round(real * 2.0 ** (31 - shift)).astype(np.int32)
+    g.values[q["shift"]].data = shift.astype(np.int32)
+    before = multiplier_value(g.values[q["multiplier"]].data, g.values[q["shift"]].data)
+    report = match_multipliers(g)
+    after = multiplier_value(g.values[q["multiplier"]].data, g.values[q["shift"]].data)
+    assert np.all(np.abs(after - before) <= before * 2.0**-18)
+    folded = int((np.asarray(g.values[q["shift"]].data) == 0).sum())
+    assert report["matched"] >= 5 and folded >= 4  # (none had shift 0 before)
+    lowering = both(g, {"x": x}, "fixedpoint")["qoperator"].lowering["n"]
+    assert lowering == "QLinearConv" or int(lowering.split("; ")[1].split()[0]) <= 8 - folded
 
 
 @pytest.mark.parametrize("case", [0, 1, 2, 3])
