@@ -510,3 +510,35 @@ def test_conv_transpose_without_a_tflite_form_is_refused_in_one_line(kwargs, why
                                                      f"TRANSPOSE_CONV has {why}") as e:
         exported(nn.ConvTranspose2d(4, 6, 3, 2, **kwargs), [(1, 4, 5, 5)])
     assert "\n" not in str(e.value)
+
+
+class _Product(nn.Module):
+    def forward(self, a, b):
+        return a * b
+
+
+def test_mul_multiplier_is_computed_in_float32_as_litert_does():
+    """LiteRT's MUL derives its multiplier from s_a * s_b / s_y computed in float32 (mul.cc), which
+    can differ from the float64 quotient by a few units of the quantized multiplier: with Swin-T's
+    layer-norm scales (1215430144 against 1215430181, shift -7) a product of 8480 gives 37 in LiteRT
+    and 38 in the float64 one. Every pair of codes, on those scales, equals LiteRT."""
+    from npuforge.quant.requant import requant_multiplier, tflite_mul_multiplier
+
+    q, data = exported(_Product(), [(1, 4, 8), (1, 4, 1)])
+    node = next(n for n in q.nodes if n.op == "Mul")
+    scales = {node.inputs[0]: (0.02246091701090336, -1), node.inputs[1]: (0.006917555816471577, -128),
+              node.outputs[0]: (0.0351390466094017, -1)}
+    for name, (s, z) in scales.items():
+        p = q.values[name].quant
+        p.dtype, p.scale, p.zero_point = "int8", np.array(s, np.float32), np.array(z, np.int32)
+    real = tflite_mul_multiplier(*(scales[n][0] for n in (*node.inputs, node.outputs[0])))
+    m, s = requant_multiplier(np.atleast_1d(real), True)
+    assert (int(m[0]), int(s[0])) == (1215430144, -7)
+    q.values[node.quant["multiplier"]].data, q.values[node.quant["shift"]].data = m, s
+    it, sim = interpreter(to_tflite(q)), IntegerSimulator(q)
+    for b in range(-128, 128):
+        for start in range(0, 256, 32):
+            a = np.arange(-128, 128, dtype=np.int8)[start:start + 32].reshape(1, 4, 8)
+            codes = [a, np.full((1, 4, 1), b, np.int8)]
+            ours = sim.run(dict(zip(node.inputs, codes)), dequantize=False)[node.outputs[0]]
+            np.testing.assert_array_equal(run_litert(it, codes)[0], ours, err_msg=f"b = {b}")

@@ -27,7 +27,8 @@ from ..quant.fixedpoint import round_half_away
 from ..quant.params import QParams
 from ..quant.tflite_16x8 import ADD_LEFT_SHIFT_16, WIDENING_BITS, add_multipliers_16, multiplier_16x8
 from ..quant.tflite_tables import activation_range
-from ..quant.requant import TFLITE_ADD_LEFT_SHIFT, quantize_multiplier, tflite_add_multipliers, tflite_mean_multiplier
+from ..quant.requant import (TFLITE_ADD_LEFT_SHIFT, quantize_multiplier, tflite_add_multipliers, tflite_mean_multiplier,
+                             tflite_mul_multiplier)
 from .tflite_layout import NCHW_TO_NHWC as _NCHW_TO_NHWC, NHWC_AXIS as _NHWC_AXIS, refuse as _refuse, same_order
 from . import tflite_tensor_ops as tensor_ops
 from .tflite_writer import TensorQuant, TFLiteWriter
@@ -458,7 +459,7 @@ class _Exporter:
     def mul(self, node):
         qs = [self.qp(i) for i in node.inputs[:2]]
         yq = self.qp(node.outputs[0])
-        self.check_multiplier(node, "", np.float64(qs[0].scale) * np.float64(qs[1].scale) / np.float64(yq.scale))
+        self.check_multiplier(node, "", tflite_mul_multiplier(qs[0].scale, qs[1].scale, yq.scale))
         self.op("MUL", [self.operand(node, 0), self.operand(node, 1)], [self.activation(node.outputs[0])],
                 "MulOptions", version=4 if yq.dtype == "int16" else 2, FusedActivationFunction=0)
 

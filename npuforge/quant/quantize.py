@@ -38,7 +38,7 @@ from .norm_spread import narrow_norms, slices_of
 from .params import QParams, QRANGES, from_range, weight_params
 from .ort_multipliers import match_multipliers
 from .requant import (TFLITE_ADD_LEFT_SHIFT, activation_code_bounds, requant_multiplier, tflite_add_multipliers,
-                      tflite_mean_multiplier)
+                      tflite_mean_multiplier, tflite_mul_multiplier)
 from .tflite_16x8 import ADD_LEFT_SHIFT_16, add_multipliers_16, multiplier_16x8, writable_groups
 from .tflite_rewrites import decompose_for_tflite, split_fused_leaky_relu
 from .tflite_softmax import widen_small_steps
@@ -349,8 +349,9 @@ def _quantize_node(graph, node, kind: str, config: QuantConfig, widened: list) -
             if v.is_const:
                 _add_int(graph, node, f"input{k}", v.quant.quantize(v.data))
         if node.op == "Mul":
-            _requant(graph, node, "", np.float64(ins[0].scale) * np.float64(ins[1].scale) / np.float64(out.scale),
-                     config)
+            m = tflite_mul_multiplier(ins[0].scale, ins[1].scale, out.scale) if config.tflite_multipliers else \
+                np.float64(ins[0].scale) * np.float64(ins[1].scale) / np.float64(out.scale)
+            _requant(graph, node, "", m, config)
         elif config.target == "tflite" and out.dtype == "int16":  # LiteRT's int16 ADD / SUB (quant/tflite_16x8.py)
             for role, m in add_multipliers_16(ins[0].scale, ins[1].scale, out.scale).items():
                 _requant(graph, node, role, m, config)

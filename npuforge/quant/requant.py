@@ -77,6 +77,16 @@ def tflite_add_multipliers(s0, s1, s_out) -> dict:
     return {"0": s0 / twice_max, "1": s1 / twice_max, "out": twice_max / (2.0**TFLITE_ADD_LEFT_SHIFT * s_out)}
 
 
+def tflite_mul_multiplier(s0, s1, s_out) -> np.float64:
+    """The real multiplier of TFLite's int8 MUL (its ``mul.cc`` Prepare): ``s0 * s1 / s_out`` computed in
+    float32, as the C++ expression on the tensors' float scales is, then widened to double. It can
+    differ from the float64 quotient in its last bits, and then the quantized multiplier by a few
+    units: LiteRT's reference MUL gave 37 where the float64 multiplier gives 38 (a product of
+    8480 at a multiplier of 1215430181 against LiteRT's 1215430144, shift -7; Swin-T's layer norm)."""
+    s0, s1, s_out = (np.float32(s) for s in (s0, s1, s_out))
+    return np.float64(np.float32(s0 * s1) / s_out)
+
+
 def tflite_mean_multiplier(real, count: int) -> tuple[np.ndarray, np.ndarray]:
     """TFLite's integer MEAN over ``count`` elements: the stored multiplier of ``real``
     (``s_x / s_y``) with 1/count folded in by an integer division, after a left shift of
