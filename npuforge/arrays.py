@@ -149,7 +149,7 @@ def _samples_of(graph, name: str, arr: np.ndarray, path: Path):
         if arr.size and (arr.min() < info.min or arr.max() > info.max):
             raise NpuforgeError(f"{path}: '{name}' holds values outside {v.dtype}")
     arr = arr.astype(want)
-    return len(arr), ((lambda i: arr[i:i + 1]) if rows else (lambda i: arr[i]))
+    return len(arr), ((lambda i: arr[i:i + 1]) if rows else (lambda i: arr[i, ...]))  # (a 0-d sample: an array)
 
 
 def read_samples(graph, files: list[Path], limit: int) -> list[dict]:

@@ -293,6 +293,24 @@ def test_npz_samples_follow_the_models_fixed_input_shapes(capsys, tmp_path):
     one_line_error(code, err, "holds 3 samples but --num-calib is 4")
 
 
+def test_npz_scalar_input_is_fed_as_a_0d_array(capsys, tmp_path):
+    """A scalar input (a sample rate 'sr', int64 []) in each .npz reaches ONNX Runtime as a 0-d array, not
+    a NumPy scalar (which ORT refuses: 'Unable to handle object of type numpy.int64')."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Cast", ["sr"], ["srf"], to=TensorProto.FLOAT), helper.make_node("Mul", ["x", "srf"], ["y"])]
+    graph = helper.make_graph(nodes, "scaled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+                                                helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "scaled.onnx")
+    (tmp_path / "calib").mkdir()
+    for i in range(3):
+        np.savez(tmp_path / "calib" / f"{i}.npz", x=np.full((1, 4), i + 1, np.float32), sr=np.array(16000, np.int64))
+    code, _, err = run(capsys, "quantize", tmp_path / "scaled.onnx", "--calib", tmp_path / "calib", "--num-calib", 3,
+                       "-o", tmp_path / "q.nfir")
+    assert code == 0, err
+
+
 def test_npz_arrays_holding_different_sample_counts_are_one_line(capsys, tmp_path):
     """A .npz whose arrays disagree on their sample count (read against the model's shapes), or whose
     array fits neither form of a fixed input, is refused in one line naming the file and the shapes."""
