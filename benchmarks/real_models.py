@@ -15,7 +15,7 @@ Per model, one row:
               one thread) for .tflite, ONNX Runtime (one thread) for .onnx, torch for MiniLM;
               LiteRT has no kernel for MediaPipe's custom op Convolution2DTransposeBias, so a
               file with it runs in LiteRT as a copy with the op rewritten as the builtin
-              TRANSPOSE_CONV (``litert_builtin_copy``)
+              TRANSPOSE_CONV (``with_builtin_transpose_conv``)
   quantize    ``npuforge quantize FILE --calib DIR ...`` (the CLI, in a subprocess; default
               config: minmax, per-channel int8 weights, uint8 activations): photos with
               --input-range for the MediaPipe models (a folder of symlinks to the first
@@ -68,7 +68,6 @@ import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 import time
@@ -398,56 +397,10 @@ def vad_chunks(clip: np.ndarray, count: int) -> np.ndarray:
 
 # -------------------------------------------------------------------------------------- references
 
-TRANSPOSE_CONV_BIAS = b"Convolution2DTransposeBias"
-
-
-def litert_builtin_copy(model: bytes) -> bytes | None:
-    """A .tflite file with MediaPipe's custom op ``Convolution2DTransposeBias`` (which LiteRT has no
-    kernel for) rewritten as the builtin TRANSPOSE_CONV, through LiteRT's schema object API: inputs
-    (output shape, weights, input, bias), the shape a constant of the op's output tensor's shape;
-    the custom options (TfLitePadding 1 SAME / 2 VALID, stride_w, stride_h: three int32) as its
-    TransposeConvOptions. None when the file has no such op. tests/test_tflite_custom.py's
-    ``as_builtin`` is the same rewrite; that module needs pytest and the test helpers to import,
-    so it is not imported here."""
-    import flatbuffers
-    from ai_edge_litert import schema_py_generated as schema
-
-    m = schema.ModelT.InitFromPackedBuf(model, 0)
-    custom = {i for i, c in enumerate(m.operatorCodes) if c.customCode == TRANSPOSE_CONV_BIAS}
-    if not custom:
-        return None
-    code = schema.OperatorCodeT()
-    code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.TRANSPOSE_CONV
-    code.version = 3
-    m.operatorCodes.append(code)
-    padding_of = {1: schema.Padding.SAME, 2: schema.Padding.VALID}
-    for sg in m.subgraphs:
-        for op in sg.operators:
-            if op.opcodeIndex not in custom:
-                continue
-            padding, stride_w, stride_h = struct.unpack("<3i", bytes(op.customOptions)[:12])
-            buffer = schema.BufferT()
-            buffer.data = np.array(sg.tensors[op.outputs[0]].shape, np.int32).view(np.uint8)
-            m.buffers.append(buffer)
-            sizes = schema.TensorT()
-            sizes.shape, sizes.type, sizes.buffer = [4], schema.TensorType.INT32, len(m.buffers) - 1
-            sizes.name = b"output_shape"
-            sg.tensors.append(sizes)
-            opt = schema.TransposeConvOptionsT()
-            opt.padding, opt.strideW, opt.strideH = padding_of[padding], stride_w, stride_h
-            op.opcodeIndex = len(m.operatorCodes) - 1
-            op.inputs = [len(sg.tensors) - 1, op.inputs[1], op.inputs[0], op.inputs[2]]
-            op.builtinOptionsType, op.builtinOptions = schema.BuiltinOptions.TransposeConvOptions, opt
-            op.customOptions = None
-    b = flatbuffers.Builder(len(model) + 4096)
-    b.Finish(m.Pack(b), file_identifier=b"TFL3")
-    return bytes(b.Output())
-
-
 class Reference:
     """The model's own runtime, fed and read in npuforge's layout (NCHW for a TFLite model's 4-D tensors).
     A .tflite file with MediaPipe's Convolution2DTransposeBias runs in LiteRT as its builtin copy
-    (``litert_builtin_copy``); ``note`` says so."""
+    (``with_builtin_transpose_conv``); ``note`` says so."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -456,7 +409,9 @@ class Reference:
         if self.tflite:
             from ai_edge_litert.interpreter import Interpreter
 
-            builtin = litert_builtin_copy(path.read_bytes())
+            from npuforge.export.litert_check import with_builtin_transpose_conv
+
+            builtin = with_builtin_transpose_conv(path.read_bytes())
             if builtin is None:
                 self.it = Interpreter(model_path=str(path), num_threads=1)
             else:

@@ -32,6 +32,7 @@ import npuforge  # noqa: E402
 from ai_edge_litert import schema_py_generated as schema  # noqa: E402
 from fuzz_harness import fuzz_cases, mutations, run_case  # noqa: E402
 from npuforge.errors import ModelFormatError, NpuforgeError, UnsupportedError  # noqa: E402
+from npuforge.export.litert_check import with_builtin_transpose_conv  # noqa: E402
 from npuforge.export.tflite_writer import TensorQuant, TFLiteWriter  # noqa: E402
 from npuforge.frontend.tflite_importer import import_tflite  # noqa: E402
 from npuforge.sim.integer import IntegerSimulator  # noqa: E402
@@ -96,37 +97,6 @@ def as_custom(model: bytes, options: bytes | None = None, code: bytes = NAME, qu
             tensor.quantization = schema.QuantizationParametersT()
             tensor.quantization.scale, tensor.quantization.zeroPoint = [0.05], [0]
     b = flatbuffers.Builder(len(model) + 1024)
-    b.Finish(m.Pack(b), file_identifier=b"TFL3")
-    return bytes(b.Output())
-
-
-def as_builtin(model: bytes) -> bytes:
-    """The inverse, for a file written with the custom op (MediaPipe's): each one rewritten as
-    TRANSPOSE_CONV with an output-shape constant of its output tensor's shape."""
-    m = schema.ModelT.InitFromPackedBuf(model, 0)
-    sg = m.subgraphs[0]
-    code = schema.OperatorCodeT()
-    code.builtinCode = code.deprecatedBuiltinCode = BuiltinOperator.TRANSPOSE_CONV
-    code.version = 3
-    m.operatorCodes.append(code)
-    for op in sg.operators:
-        if m.operatorCodes[op.opcodeIndex].customCode != NAME:
-            continue
-        padding, stride_w, stride_h = struct.unpack("<3i", bytes(op.customOptions))
-        buffer = schema.BufferT()
-        buffer.data = np.array(sg.tensors[op.outputs[0]].shape, np.int32).view(np.uint8)
-        m.buffers.append(buffer)
-        sizes = schema.TensorT()
-        sizes.shape, sizes.type, sizes.buffer, sizes.name = [4], schema.TensorType.INT32, len(m.buffers) - 1, b"sizes"
-        sg.tensors.append(sizes)
-        opt = schema.TransposeConvOptionsT()
-        opt.padding = {v: k for k, v in C_PADDING.items()}[padding]
-        opt.strideW, opt.strideH = stride_w, stride_h
-        op.opcodeIndex, op.inputs = len(m.operatorCodes) - 1, [len(sg.tensors) - 1, op.inputs[1], op.inputs[0],
-                                                               op.inputs[2]]
-        op.builtinOptionsType, op.builtinOptions, op.customOptions = \
-            schema.BuiltinOptions.TransposeConvOptions, opt, None
-    b = flatbuffers.Builder(len(model) + 4096)
     b.Finish(m.Pack(b), file_identifier=b"TFL3")
     return bytes(b.Output())
 
@@ -338,7 +308,7 @@ def test_real_selfie_segmentation_matches_litert():
     graph = npuforge.load(SELFIE)
     ct = [n for n in graph.nodes if n.op == "ConvTranspose"]
     assert len(ct) == 1 and ct[0].name == "transpose_conv_bias_244"
-    builtin = as_builtin(model)
+    builtin = with_builtin_transpose_conv(model)
     logits = [k for k, t in enumerate(schema.ModelT.InitFromPackedBuf(builtin, 0).subgraphs[0].tensors)
               if t.name == b"segment"][0]
     for seed in (0, 1):

@@ -24,6 +24,52 @@ def interpreter(model: bytes, reference: bool = True):
     return it
 
 
+TRANSPOSE_CONV_BIAS = b"Convolution2DTransposeBias"  # MediaPipe's custom op (frontend/tflite_custom.py)
+
+
+def with_builtin_transpose_conv(model: bytes) -> bytes | None:
+    """A copy of a .tflite file with MediaPipe's custom op ``Convolution2DTransposeBias`` (which LiteRT
+    has no kernel for) rewritten as the builtin TRANSPOSE_CONV, so LiteRT can be the float reference of
+    such a model: inputs (output shape, weights, input, bias), the shape a constant of the op's output
+    tensor's shape, the custom options (TfLitePadding 1 SAME / 2 VALID, stride_w, stride_h: three
+    int32) as its TransposeConvOptions. None when the file has no such op."""
+    import struct
+
+    import flatbuffers
+    from ai_edge_litert import schema_py_generated as schema
+
+    m = schema.ModelT.InitFromPackedBuf(model, 0)
+    custom = {i for i, c in enumerate(m.operatorCodes) if c.customCode == TRANSPOSE_CONV_BIAS}
+    if not custom:
+        return None
+    code = schema.OperatorCodeT()
+    code.builtinCode = code.deprecatedBuiltinCode = schema.BuiltinOperator.TRANSPOSE_CONV
+    code.version = 3
+    m.operatorCodes.append(code)
+    padding_of = {1: schema.Padding.SAME, 2: schema.Padding.VALID}
+    for sg in m.subgraphs:
+        for op in sg.operators:
+            if op.opcodeIndex not in custom:
+                continue
+            padding, stride_w, stride_h = struct.unpack("<3i", bytes(op.customOptions)[:12])
+            buffer = schema.BufferT()
+            buffer.data = np.array(sg.tensors[op.outputs[0]].shape, np.int32).view(np.uint8)
+            m.buffers.append(buffer)
+            sizes = schema.TensorT()
+            sizes.shape, sizes.type, sizes.buffer = [4], schema.TensorType.INT32, len(m.buffers) - 1
+            sizes.name = b"output_shape"
+            sg.tensors.append(sizes)
+            opt = schema.TransposeConvOptionsT()
+            opt.padding, opt.strideW, opt.strideH = padding_of[padding], stride_w, stride_h
+            op.opcodeIndex = len(m.operatorCodes) - 1
+            op.inputs = [len(sg.tensors) - 1, op.inputs[1], op.inputs[0], op.inputs[2]]
+            op.builtinOptionsType, op.builtinOptions = schema.BuiltinOptions.TransposeConvOptions, opt
+            op.customOptions = None
+    b = flatbuffers.Builder(len(model) + 4096)
+    b.Finish(m.Pack(b), file_identifier=b"TFL3")
+    return bytes(b.Output())
+
+
 def run_litert(it, codes: list) -> list:
     """Feed int8 codes in the IR's layout (NCHW where 4-D); the output codes in the IR's layout."""
     for d, c in zip(it.get_input_details(), codes):
