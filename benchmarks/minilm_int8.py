@@ -166,6 +166,15 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (embed(a) * embed(b)).sum(axis=1)
 
 
+def export_onnx(model, example: np.ndarray, path: Path) -> None:
+    """The module as an ONNX file (opset 17, TorchScript exporter), ``input_ids`` -> ``hidden``, batch dynamic."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, torch.from_numpy(example), str(path), dynamo=False, opset_version=17,
+                          input_names=["input_ids"], output_names=["hidden"],
+                          dynamic_axes={"input_ids": {0: "N"}, "hidden": {0: "N"}})
+
+
 def batched(fn, ids: np.ndarray, batch: int = 25) -> np.ndarray:
     return np.concatenate([fn(ids[i:i + batch]) for i in range(0, len(ids), batch)])
 
@@ -189,11 +198,7 @@ def main() -> int:
 
     tmp = Path(tempfile.mkdtemp())
     float_path = tmp / "minilm.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, torch.from_numpy(calib[:2]), str(float_path), dynamo=False, opset_version=17,
-                          input_names=["input_ids"], output_names=["hidden"],
-                          dynamic_axes={"input_ids": {0: "N"}, "hidden": {0: "N"}})
+    export_onnx(model, calib[:2], float_path)
     with torch.no_grad():
         fp32 = batched(lambda b: model(torch.from_numpy(b)).numpy(), evaluation)
     graph = npuforge.load(float_path)

@@ -791,7 +791,7 @@ def bench_minilm(model: Model, path: Path, args, folder: Path, row: dict, start:
     import npuforge
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from minilm_int8 import MiniLM, sentences, token_batch  # noqa: E402
+    from minilm_int8 import MiniLM, export_onnx, sentences, token_batch  # noqa: E402
     from safetensors.torch import load_file
     from tokenizers import Tokenizer
 
@@ -816,11 +816,7 @@ def bench_minilm(model: Model, path: Path, args, folder: Path, row: dict, start:
         row["failures"].append({"stage": "import", "line": "TRACEBACK: " + exc_line(e)})
         return row
     onnx_path = folder / "minilm.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(net, torch.from_numpy(calib_ids[:1]), str(onnx_path), dynamo=False, opset_version=17,
-                          input_names=["input_ids"], output_names=["hidden"],
-                          dynamic_axes={"input_ids": {0: "N"}, "hidden": {0: "N"}})
+    export_onnx(net, calib_ids[:1], onnx_path)
     evals = [{"input_ids": eval_ids[i:i + 1]} for i in range(len(eval_ids))]
     calib = [{"input_ids": calib_ids[i:i + 1]} for i in range(len(calib_ids))]
     with torch.no_grad():
