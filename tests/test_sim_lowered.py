@@ -234,6 +234,13 @@ def test_qlinearadd_kept_only_where_onnx_runtime_itself_agrees(monkeypatch):
     g, a, b, *_ = binary_case(np.random.default_rng(353), "Add")
     assert "no QLinearAdd ratios proven" in both(g, {"a": a, "b": b}, "fixedpoint")["qoperator"].lowering["n"]
 
+    def no_kernel(*args):
+        raise UnsupportedError("ONNX Runtime cannot load the lowered graph (no QLinearAdd)")
+
+    monkeypatch.setattr(qlinear_add, "_FITTED", {})
+    monkeypatch.setattr(qlinear_add, "_ort_grid", no_kernel)  # an ONNX Runtime that cannot run the proof
+    assert "no QLinearAdd ratios proven" in both(g, {"a": a, "b": b}, "fixedpoint")["qoperator"].lowering["n"]
+
 
 class ConstantOperands(torch.nn.Module):
     """Mul by a per-channel constant, Add a scalar, Sub from a constant map, and x * x."""

@@ -97,6 +97,13 @@ def _layer_norm_of(graph, node, producers: dict) -> tuple | None:
     return centred[0], centred[1], eps[k]
 
 
+def _fits_layer_norm(graph, node, found: tuple) -> bool:
+    """A float32 input, static normalized dims, and the Div's output of the input's shape."""
+    x = graph.values[found[0]]
+    return x.dtype == "float32" and all(isinstance(d, int) for d in x.shape[found[1]:]) and \
+        tuple(x.shape) == tuple(graph.values[node.outputs[0]].shape)
+
+
 def _affine_consumer(graph, name: str, op: str, normalized: tuple, users: dict):
     """(the only consumer of ``name``, its constant) if it is ``op`` by a constant that broadcasts to
     the normalized shape; else (None, None)."""
@@ -139,10 +146,9 @@ def recognize_normalizations(graph) -> int:
         if node.op != "Div" or graph.values[node.outputs[0]].dtype not in dtypes.FLOAT_DTYPES:
             continue
         layer = _layer_norm_of(graph, node, producers)
-        x = graph.values[layer[0]] if layer is not None else None
-        if layer is not None and x.dtype == "float32" and all(isinstance(d, int) for d in x.shape[layer[1]:]) and \
-                tuple(x.shape) == tuple(graph.values[node.outputs[0]].shape):
+        if layer is not None and _fits_layer_norm(graph, node, layer):
             _layer_norm(graph, node, layer, graph.consumers())
+            producers = graph.producers()  # (a Mul and an Add taken over: their outputs are the node's now)
             changes += 1
             continue
         found = _norm_of(graph, node.inputs[1], producers)
