@@ -176,26 +176,19 @@ def read_samples(graph, files: list[Path], limit: int) -> list[dict]:
 
 
 def batches(samples: list[dict], size: int) -> list[dict]:
-    """Consecutive samples stacked ``size`` at a time; samples of different shapes do not stack,
-    and a :class:`Feed` (a model that fixes an input's leading dim) is a batch alone."""
+    """Consecutive samples stacked ``size`` at a time; samples of different shapes do not stack.
+    :func:`read_samples` makes every sample of a model that fixes an input's leading dim a
+    :class:`Feed`, and each of those is a batch alone."""
+    if samples and isinstance(samples[0], Feed):
+        return list(samples)
     out = []
-    start = 0
-    while start < len(samples):
-        if isinstance(samples[start], Feed):
-            out.append(samples[start])
-            start += 1
-            continue
-        group = []
-        for s in samples[start:start + size]:
-            if isinstance(s, Feed):
-                break
-            group.append(s)
+    for start in range(0, len(samples), size):
+        group = samples[start:start + size]
         try:
             out.append({n: np.concatenate([s[n] for s in group]) for n in group[0]})
         except ValueError:
             raise NpuforgeError(f"calibration samples {start} to {start + len(group) - 1} have different shapes; "
                                 f"give samples of one shape, or --batch-size 1") from None
-        start += len(group)
     return out
 
 
