@@ -16,6 +16,7 @@ import torch
 import npuforge
 from npuforge.cli import main
 from npuforge.errors import NpuforgeError
+from npuforge.sim.float_exec import run_float
 
 
 class OldOpsetNet(torch.nn.Module):
@@ -238,10 +239,11 @@ def test_if_and_loop_undecided_at_import_are_one_line(tmp_path, capsys):
                        helper.make_node("If", ["positive"], ["y"], name="sign", then_branch=_branch(
                            "t", [helper.make_node("Neg", ["x"], ["n"])], "n"), else_branch=_branch("e", [], "x"))],
                       [x], ["y"], {"zero": np.float32(0)})
-    with pytest.raises(NpuforgeError, match=r"^m\.onnx: node 'sign' \(If\): its condition 'positive' is not known "
-                                            r"when the graph is imported: it depends on the values of the graph "
-                                            r"input 'x'; npuforge imports If only when the condition is known"):
-        npuforge.import_onnx(by_value, name="m.onnx")
+    # decided by the input's values: both branches and a Where (tests/test_if_select.py)
+    signs = npuforge.import_onnx(by_value, name="m.onnx")
+    assert [n.op for n in signs.nodes][-1] == "Where"
+    for x_value in (np.ones((2, 3), np.float32), -np.ones((2, 3), np.float32)):
+        np.testing.assert_array_equal(np.asarray(run_float(signs, {"x": x_value})["y"]), -np.abs(x_value))
     body = helper.make_graph([helper.make_node("Identity", ["c"], ["c2"]), helper.make_node("Neg", ["v"], ["v2"])],
                              "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
                                       helper.make_tensor_value_info("c", TensorProto.BOOL, []),

@@ -16,10 +16,6 @@ import npuforge
 from npuforge.cli import parse_input_shapes, main
 from npuforge.errors import NpuforgeError
 
-NOT_KNOWN = ("its condition 'cond' is not known when the graph is imported: it depends on the values of the graph "
-             "input 'sr'")
-
-
 def _branch(name: str, k: float) -> onnx.GraphProto:
     c = h.make_node("Constant", [], [f"{name}_k"], value=h.make_tensor(f"{name}_kv", T.FLOAT, [], [k]))
     m = h.make_node("Mul", ["x", f"{name}_k"], [f"{name}_y"])
@@ -63,14 +59,21 @@ def _ort(path, x, sr):
     return sess.run(None, {"x": x, "sr": np.array(sr, np.int64)})[0]
 
 
-def test_without_input_value_the_if_is_refused(sr_model, capsys, tmp_path):
-    code, _, err = _cli(capsys, "inspect", sr_model)
-    _one_line_error(code, err, NOT_KNOWN)
+def test_without_input_value_the_if_selects_at_run_time(sr_model, capsys, tmp_path):
+    """sr stays an input: both branches and a Where (tests/test_if_select.py), which needs sr's values."""
+    code, out, _ = _cli(capsys, "inspect", sr_model, "--json")
+    summary = json.loads(out)
+    assert code == 0 and [i["name"] for i in summary["inputs"]] == ["x", "sr"]
+    graph = npuforge.load(sr_model)
+    assert graph.nodes[-1].op == "Where"
+    x = np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)
+    for sr in (16000, 8000):
+        assert np.array_equal(graph.run({"x": x, "sr": np.array(sr, np.int64)})["y"], _ort(sr_model, x, sr))
     calib = tmp_path / "calib"
     calib.mkdir()
     np.save(calib / "0.npy", np.ones((1, 4), np.float32))
     code, _, err = _cli(capsys, "quantize", sr_model, "--calib", calib, "--num-calib", 1, "-o", tmp_path / "q.nfir")
-    _one_line_error(code, err, NOT_KNOWN)
+    _one_line_error(code, err, "this one has inputs x, sr")
 
 
 @pytest.mark.parametrize("sr, factor", [(16000, 2.0), (8000, 3.0)])
@@ -108,8 +111,7 @@ def test_python_api(sr_model):
     assert np.array_equal(graph.run({"x": x})["y"], _ort(sr_model, x, 16000))
     graph = npuforge.import_onnx(_sr_model(), input_shapes={"sr": np.int64(8000)})
     assert np.array_equal(graph.run({"x": x})["y"], _ort(sr_model, x, 8000))
-    with pytest.raises(NpuforgeError, match=NOT_KNOWN):
-        npuforge.load(sr_model)
+    assert npuforge.load(sr_model).inputs == ["x", "sr"]  # not fixed: selected at run time
 
 
 def test_parse_input_shapes_takes_both_lists():

@@ -203,6 +203,23 @@ def test_clip_with_a_computed_bound_under_target_tflite_is_a_clean_refusal_in_th
         clip_bounds(q, clip)
 
 
+@pytest.mark.parametrize("module, shape, config", [
+    (MaxMinNet(), (1, 3, 8, 8), {}), (MaxMinNet(), (1, 3, 8, 8), {"target": "tflite"}),
+    (MaxMinNet(), (1, 3, 8, 8), {"activation_dtype": "int8"}), (DynamicRangeFloor(), (1, 2, 64), {})])
+@pytest.mark.parametrize("rounding", ROUNDINGS)
+def test_the_lowered_engine_runs_minmax_nodes_as_the_plain_path(module, shape, config, rounding):
+    """ONNX Runtime's program reads each operand's requantization from a table of every code."""
+    from npuforge.sim.lowered import make_simulator
+
+    _, q, calib, _ = _quantized(module, shape, config, seed=3)
+    lowered = make_simulator(q, rounding, "ort")
+    plain = IntegerSimulator(q, rounding)
+    for x in calib + [c * 4 for c in calib]:
+        a = plain.run({q.inputs[0]: x}, dequantize=False)[q.outputs[0]]
+        b = lowered.run({q.inputs[0]: x}, dequantize=False)[q.outputs[0]]
+        np.testing.assert_array_equal(a, b)
+
+
 # -- NaN and infinity ------------------------------------------------------------------------------
 
 class LinearAttentionNorm(nn.Module):

@@ -30,7 +30,7 @@ from ..quant.tflite_tables import activation_range
 from ..quant.requant import (TFLITE_ADD_LEFT_SHIFT, quantize_multiplier, tflite_add_multipliers, tflite_mean_multiplier,
                              tflite_mul_multiplier)
 from .tflite_layout import NCHW_TO_NHWC as _NCHW_TO_NHWC, NHWC_AXIS as _NHWC_AXIS, refuse as _refuse, same_order
-from . import tflite_tensor_ops as tensor_ops
+from . import tflite_select, tflite_tensor_ops as tensor_ops
 from .tflite_writer import TensorQuant, TFLiteWriter
 
 IO_TYPES = ("int8", "float")
@@ -143,8 +143,8 @@ class _Exporter:
         """The TFLite tensor of an activation, created on first use."""
         if name not in self.tensor:
             v = self.g.values[name]
-            if v.quant is None and v.dtype in ("int32", "int64"):  # token ids, indices: int32 in TFLite
-                self.tensor[name] = self.w.tensor(name, self.shape(name), "int32")
+            if v.quant is None and v.dtype in ("int32", "int64", "bool"):  # token ids, indices: int32 in TFLite
+                self.tensor[name] = self.w.tensor(name, self.shape(name), "bool" if v.dtype == "bool" else "int32")
                 return self.tensor[name]
             p = self.qp(name)
             data = None
@@ -469,23 +469,8 @@ class _Exporter:
         npuforge's rule then requantizes by 1, i.e. compares the codes too). A constant operand is
         its stored codes on that grid; a Clip is MAXIMUM with its low bound, then MINIMUM with its high."""
         y = node.outputs[0]
-        yq, rank = self.qp(y), len(self.g.values[y].shape)
-
-        def operand(k: int) -> int:
-            name = node.inputs[k]
-            if f"input{k}" in node.quant:
-                codes = self.stored(node, f"input{k}").astype(np.int64)
-                codes = codes - 128 if self.g.values[y].quant.dtype == "uint8" else codes
-                if rank == 4 and codes.ndim:
-                    codes = codes.reshape((1,) * (4 - codes.ndim) + codes.shape).transpose(_NCHW_TO_NHWC)
-                return self.const(f"{node.name}::input{k}", codes, yq.dtype, self.quant(yq))
-            if not self.qp(name).same_as(yq):
-                _refuse(node, f"operand '{name}' is not on the output's grid, and MAXIMUM / MINIMUM compare codes "
-                              f"({self.remedy()})")
-            if len(self.g.values[name].shape) not in (0, rank):
-                _refuse(node, "operands of different rank")
-            return self.activation(name)
-
+        yq = self.qp(y)
+        operand = lambda k: self.grid_operand(node, k)  # noqa: E731
         steps = [("MAXIMUM" if node.op == "Max" else "MINIMUM", k) for k in range(1, len(node.inputs))] \
             if node.op != "Clip" else [(op, k) for op, k in (("MAXIMUM", 1), ("MINIMUM", 2))
                                        if k < len(node.inputs) and node.inputs[k]]
@@ -494,6 +479,24 @@ class _Exporter:
             out = self.activation(y) if i == len(steps) - 1 else self.new_tensor(f"{node.name}::{i}", self.shape(y), yq)
             self.op(op, [current, operand(k)], [out], "MaximumMinimumOptions", version=2)
             current = out
+
+    def grid_operand(self, node, k: int) -> int:
+        """Operand k of a minmax-kind node (Max, Min, a Clip with computed bounds, Where), which
+        selects codes: an activation on the output's grid, or a constant's stored output codes."""
+        name, y = node.inputs[k], node.outputs[0]
+        yq, rank = self.qp(y), len(self.g.values[y].shape)
+        if f"input{k}" in node.quant:
+            codes = self.stored(node, f"input{k}").astype(np.int64)
+            codes = codes - 128 if self.g.values[y].quant.dtype == "uint8" else codes
+            if rank == 4 and codes.ndim:
+                codes = codes.reshape((1,) * (4 - codes.ndim) + codes.shape).transpose(_NCHW_TO_NHWC)
+            return self.const(f"{node.name}::input{k}", codes, yq.dtype, self.quant(yq))
+        if not self.qp(name).same_as(yq):
+            _refuse(node, f"operand '{name}' is not on the output's grid, and {node.op} selects codes "
+                          f"({self.remedy()})")
+        if len(self.g.values[name].shape) not in (0, rank):
+            _refuse(node, "operands of different rank")
+        return self.activation(name)
 
     def clip(self, node):
         computed = any(name and not self.g.values[name].is_const for name in node.inputs[1:3])
@@ -754,7 +757,9 @@ class _Exporter:
                 "ReduceMax": lambda self, node: tensor_ops.reduce_select(self, node),
                 "ReduceMin": lambda self, node: tensor_ops.reduce_select(self, node),
                 "Tile": lambda self, node: tensor_ops.tile(self, node),
-                "Expand": lambda self, node: tensor_ops.expand(self, node)}
+                "Expand": lambda self, node: tensor_ops.expand(self, node),
+                "Where": lambda self, node: tflite_select.select(self, node),
+                **dict.fromkeys(tflite_select.COMPARISONS, lambda self, node: tflite_select.comparison(self, node))}
 
     # -- graph -------------------------------------------------------------------------
     def boundary(self, name: str, output: bool) -> int:
@@ -778,7 +783,8 @@ class _Exporter:
                 _refuse(node, "no TFLite mapping for this op yet (docs/tflite.md lists the ops written)")
             if not node.quant and node.op not in ("Flatten", "Reshape", "Squeeze", "Unsqueeze", "Concat", "Pad",
                                                   "MaxPool", "Resize", "Transpose", "Slice", "Split", "Gather",
-                                                  "ReduceMax", "ReduceMin", "Tile", "Expand"):
+                                                  "ReduceMax", "ReduceMin", "Tile", "Expand",
+                                                  *tflite_select.COMPARISONS):
                 _refuse(node, "it was kept in float")
             handler(self, node)
         outputs = [self.boundary(name, output=True) for name in g.outputs]

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import NpuforgeError
 
-TENSOR_TYPES = {"float32": 0, "float16": 1, "int32": 2, "uint8": 3, "int64": 4, "int16": 7, "int8": 9}
+TENSOR_TYPES = {"float32": 0, "float16": 1, "int32": 2, "uint8": 3, "int64": 4, "bool": 6, "int16": 7, "int8": 9}
 _ACTIVATIONS = {"": 0, "Relu": 1, "ReluN1To1": 2, "Relu6": 3}
 BUFFER_ALIGNMENT = 16  # constant data aligned as TFLite's own converter aligns it
 

@@ -6,7 +6,8 @@ known values. Anything outside the covered ops and attributes is an error that
 names the node.
 
 If and Loop are folded at import: an If whose condition is known then (a constant, or
-shape arithmetic once the input sizes are fixed) becomes the taken branch's nodes, a
+shape arithmetic once the input sizes are fixed) becomes the taken branch's nodes (one
+decided by data becomes both branches and a Where per output), a
 Loop whose trip count and conditions are known is unrolled (its body's nodes once per
 iteration, scan outputs stacked by Unsqueeze + Concat). Inlined values are renamed
 ``<node>/<name>`` (``<node>/iter<k>/<name>`` in a Loop) and the body's outputs take the
@@ -558,8 +559,8 @@ class _OnnxImporter:
             raise self.undecided(at, what, name)
         return value.reshape(-1)[0]
 
-    def undecided(self, at: str, what: str, name: str) -> UnsupportedError:
-        """A one-line refusal: ``what`` ('name') is not known at import, and the graph inputs it depends on."""
+    def deciding_inputs(self, name: str) -> tuple[list, list]:
+        """The graph inputs an unknown ``name`` depends on: through their values, and through their sizes."""
         values, sizes, seen, stack = [], [], set(), [(name, False)]
         while stack:
             v, via_shape = stack.pop()
@@ -573,6 +574,11 @@ class _OnnxImporter:
             for i in ins:
                 if i and (op in ("Shape", "Size") or self.known(i) is None):
                     stack.append((i, via_shape or op in ("Shape", "Size")))
+        return values, sizes
+
+    def undecided(self, at: str, what: str, name: str) -> UnsupportedError:
+        """A one-line refusal: ``what`` ('name') is not known at import, and the graph inputs it depends on."""
+        values, sizes = self.deciding_inputs(name)
         op = at.rsplit("(", 1)[-1].rstrip(")")
         rule = f"npuforge imports {op} only when {what.replace('its ', 'the ')} is known at import"
         if values:
@@ -591,9 +597,42 @@ class _OnnxImporter:
         then_b, else_b = self.body(onode, "then_branch", at), self.body(onode, "else_branch", at)
         if len(onode.input) != 1 or not onode.input[0]:
             raise ModelFormatError(f"{at}: If takes one input (the condition), not {len(onode.input)}")
+        if self.known(onode.input[0]) is None and onode.input[0] in self.ctx.infos:
+            values, sizes = self.deciding_inputs(onode.input[0])
+            if values and not sizes:  # (a size fixed with --input-shape decides it at import instead)
+                return self.select_if(onode, then_b, else_b, node_name, at)
         taken = then_b if bool(self.known_scalar(onode.input[0], at, "its condition")) else else_b
         self.decided.add(onode.input[0])
         self.inline(taken, node_name, {}, list(onode.output), at)
+
+    def select_if(self, onode, then_b, else_b, node_name: str, at: str) -> None:
+        """An If whose condition is only known at run time (a wake-word model's verifier run when
+        its own score passes a threshold) becomes both branches and a ``Where`` per output: ONNX
+        ops have no side effects, so computing the branch not taken changes nothing but the work.
+        Branches whose outputs differ in dtype or shape cannot be selected between: a one-line
+        refusal names the two outputs."""
+        cond = onode.input[0]
+        info = self.ctx.infos[cond]
+        shape = info.shape
+        if info.dtype != "bool" or any(not isinstance(d, int) for d in shape) or int(np.prod(shape)) != 1:
+            raise self.undecided(at, "its condition", cond)
+        then_outs = self.inline(then_b, f"{node_name}/then", {}, None, at)
+        else_outs = self.inline(else_b, f"{node_name}/else", {}, None, at)
+        if len(then_outs) != len(onode.output) or len(else_outs) != len(onode.output):
+            raise ModelFormatError(f"{at}: its branches have {len(then_outs)} and {len(else_outs)} outputs, the "
+                                   f"node {len(onode.output)}")
+        flat = self.fresh(f"{node_name}/condition")
+        self.emit("Reshape", [cond, self.const(f"{node_name}/scalar", np.zeros(0, np.int64))], [flat],
+                  f"{node_name}/condition")
+        for a, b, out in zip(then_outs, else_outs, onode.output):
+            ia, ib = self.ctx.infos[a], self.ctx.infos[b]
+            if ia.dtype != ib.dtype or ia.shape != ib.shape:
+                raise UnsupportedError(
+                    f"{at}: its condition '{cond}' is only known at run time, and its branches' outputs '{a}' "
+                    f"{ia.dtype}{list(ia.shape)} and '{b}' {ib.dtype}{list(ib.shape)} differ, so npuforge "
+                    f"cannot compute both and select")
+            if out:
+                self.emit("Where", [flat, a, b], [out], f"{node_name}/select")
 
     def unroll_loop(self, onode, node_name: str, at: str) -> None:
         body = self.body(onode, "body", at)

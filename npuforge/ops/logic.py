@@ -37,11 +37,12 @@ def lut_with_scalar_constants(node, graph) -> str | None:
     return "lut"
 
 
-def minmax_of_activations(node, graph) -> str | None:
-    """"minmax" for a float Max / Min of activations (and constants): each operand requantized to
-    the output's grid, then the maximum or minimum of the codes (quant/minmax_rule.py)."""
+def minmax_of_activations(node, graph, first: int = 0) -> str | None:
+    """"minmax" for a float Max / Min of activations (and constants), or Where between them (its
+    operands from ``first``): each operand requantized to the output's grid, then the maximum,
+    minimum or selection of the codes (quant/minmax_rule.py)."""
     values = graph.values
-    ins = [values[n] for n in node.inputs]
+    ins = [values[n] for n in node.inputs[first:]]
     if values[node.outputs[0]].dtype not in FLOAT or any(v.dtype not in FLOAT for v in ins) or \
             all(v.is_const for v in ins):
         return None
@@ -155,13 +156,29 @@ class Not(Op):
 class Where(Structural):
     name = "Where"
     inputs = (3, 3)
-    summary = "x where the condition holds, else y; the three broadcast together"
+    summary = ("x where the condition holds, else y; the three broadcast together; int8: x and y requantized to "
+               "the output grid, then selected")
 
     def infer(self, node, ins):
         cond, x, y = ins
         require_dtype(node, cond, ("bool",), "condition")
         dtype = _same_dtype(node, [x, y], "x and y")
         return [TensorInfo(dtype, broadcast_shapes(node, cond.shape, x.shape, y.shape))]
+
+    def quant_kind(self, node, graph):
+        """A selection between activations (an If on a score, imported as both branches and a
+        Where): "minmax", each operand requantized to the output's grid, then selected."""
+        return minmax_of_activations(node, graph, first=1)
+
+    def quantize_integers(self, graph, node, add, config=None):
+        from ..quant.minmax_rule import quantize_integers
+
+        quantize_integers(graph, node, add, config)
+
+    def integer_forward(self, sim, node, env):
+        from ..quant.minmax_rule import integer_forward
+
+        return integer_forward(sim, node, env)
 
     def np_forward(self, node, values, outs):
         # a selection: symbolic dims in x or y (object arrays) flow through it

@@ -1,10 +1,12 @@
-"""Max / Min of activations and Clip with computed bounds (quantization kind "minmax"):
-every operand requantized to the output's grid, then the maximum / minimum of the codes.
+"""Max / Min of activations, Clip with computed bounds and Where between activations
+(quantization kind "minmax"): every operand requantized to the output's grid, then the
+maximum / minimum of the codes, or the codes the condition selects.
 
 With ``x_k' = x_k - zp_k`` per operand:
 
     t_k = zp_y + R(x_k'; M_k, s_k),   M_k ~ s_k / s_y
     Max: y = max_k t_k    Min: y = min_k t_k    Clip(x, lo, hi): y = min(max(t_x, t_lo), t_hi)
+    Where(c, a, b): y = t_a where c, else t_b
 
 saturated to the output dtype. A constant operand (a per-channel bound, a Clip's constant
 bound beside a computed one) is stored as its codes on the output grid (``input{k}``,
@@ -12,7 +14,8 @@ bound beside a computed one) is stored as its codes on the output grid (``input{
 float.
 
 Exactness. Quantizing to the output grid is monotonic (non-decreasing), so it commutes
-with max and min: ``q_y(max(a, b)) = max(q_y(a), q_y(b))``. Fake-quant and QDQ compute
+with max and min: ``q_y(max(a, b)) = max(q_y(a), q_y(b))``; a selection commutes with any
+elementwise map. Fake-quant and QDQ compute
 ``q_y(max(a, b))`` of the operands on their own grids; the rule computes ``max`` of each
 operand requantized, each R the real ratio rounded once to within its multiplier's error
 (relative 2^-21 or better). They agree but where an operand lands within that of a half
@@ -40,7 +43,7 @@ def quantize_integers(graph, node, add, config=None) -> None:
     a requantization by 1), so ``tflite_multipliers`` keeps npuforge's one-rounding multipliers here."""
     yq = graph.values[node.outputs[0]].quant
     for k, name in enumerate(node.inputs):
-        if not name:
+        if not name or (node.op == "Where" and k == 0):  # (Where's condition: a bool, as it is)
             continue
         v = graph.values[name]
         if v.is_const:
@@ -51,7 +54,7 @@ def quantize_integers(graph, node, add, config=None) -> None:
         add(f"shift{k}", shift)
 
 
-def _operand(sim, node, k: int, env) -> torch.Tensor:
+def operand_codes(sim, node, k: int, env) -> torch.Tensor:
     """Operand k as output codes (int64, unsaturated)."""
     yq = sim._q(node.outputs[0])
     if f"input{k}" in node.quant:
@@ -68,13 +71,15 @@ def _operand(sim, node, k: int, env) -> torch.Tensor:
 def integer_forward(sim, node, env) -> list:
     yq = sim._q(node.outputs[0])
     if node.op == "Clip":
-        y = _operand(sim, node, 0, env)
+        y = operand_codes(sim, node, 0, env)
         for k, combine in ((1, torch.maximum), (2, torch.minimum)):
             if len(node.inputs) > k and node.inputs[k]:
-                y = combine(y, _operand(sim, node, k, env))
+                y = combine(y, operand_codes(sim, node, k, env))
+    elif node.op == "Where":
+        y = torch.where(sim._get(node.inputs[0], env), operand_codes(sim, node, 1, env), operand_codes(sim, node, 2, env))
     else:
         combine = _COMBINE[node.op]
-        y = _operand(sim, node, 0, env)
+        y = operand_codes(sim, node, 0, env)
         for k in range(1, len(node.inputs)):
-            y = combine(y, _operand(sim, node, k, env))
+            y = combine(y, operand_codes(sim, node, k, env))
     return [sim._store(y, yq)]

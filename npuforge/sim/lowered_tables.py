@@ -17,6 +17,7 @@ from onnx import TensorProto
 
 from ..ops.registry import get_op
 from . import lowered_int64 as int64_rules
+from ..quant.minmax_rule import operand_codes as minmax_operand
 from .int_ops import NP_INT
 
 MAX_TABLE = 1 << 22  # entries of a pooling table (sums of at most 16 K int8 values)
@@ -168,6 +169,44 @@ class TableLowerings:
                           f"{node.name}::ix")
         table = np.concatenate(tables) - int(yq.zero_point)
         self._gather(node, index, table, f"window sums + {len(tables)} tables ({table.size})")
+
+    def _minmax(self, node):
+        """Max / Min / Where of activations, a Clip with computed bounds (quant/minmax_rule.py): each
+        operand's requantization to the output grid read from a table of every code (the plain
+        path's own rule), a constant operand its stored codes; then the maximum, minimum or
+        selection, saturated to the output's range."""
+        yq = self.activation(node, node.outputs[0])
+        zp = int(yq.zero_point)
+        operands = []
+        for k, name in enumerate(node.inputs):
+            if not name or (node.op == "Where" and k == 0):
+                operands.append(name)
+                continue
+            if f"input{k}" in node.quant:
+                codes = np.asarray(self.plain._int(node, f"input{k}"), np.int64) - zp
+                operands.append(self.const(f"{node.name}::input{k}", codes.astype(np.float32)))
+                continue
+            q = self.activation(node, name)
+            if q.dtype not in ("int8", "uint8"):
+                self.refuse(node, f"operand '{name}' is {q.dtype} (a table of every code is 8-bit)")
+            env = {name: torch.from_numpy(np.arange(q.qmin, q.qmax + 1).astype(NP_INT[q.dtype]))}
+            table = minmax_operand(self.plain, node, k, env).numpy() - zp
+            index = self.emit("Add", [name, self.const(f"{node.name}::off{k}", np.float32(int(q.zero_point) - q.qmin))],
+                              f"{node.name}::ix{k}")
+            idx = self.emit("Cast", [index], f"{node.name}::idx{k}", to=TensorProto.INT32)
+            operands.append(self.emit("Gather", [self.const(f"{node.name}::table{k}", table.astype(np.float32)), idx],
+                                      f"{node.name}::t{k}", axis=0))
+        if node.op == "Where":
+            y = self.emit("Where", operands, f"{node.name}::y")
+        else:
+            steps = [("Max", 1), ("Min", 2)] if node.op == "Clip" else [(node.op, k) for k in range(1, len(operands))]
+            y = operands[0]
+            for op, k in steps:
+                if k < len(operands) and operands[k]:
+                    y = self.emit(op, [y, operands[k]], f"{node.name}::{op.lower()}{k}")
+        self.emit("Clip", [y, self.const(f"{node.name}::lo", np.float32(yq.qmin - zp)),
+                           self.const(f"{node.name}::hi", np.float32(yq.qmax - zp))], node.outputs[0])
+        self.report[node.name] = "operand tables, then " + ("Where" if node.op == "Where" else "max / min")
 
     def _lut(self, node):
         xq, yq = self.activation(node, node.inputs[0]), self.activation(node, node.outputs[0])

@@ -32,6 +32,12 @@ def channel_ranges(plain, node) -> tuple[np.ndarray, ...]:
     return b0 - spread, b0 + spread, lo, hi
 
 
+# ops the integer program runs in float that ONNX Runtime computes exactly as the plain path
+# does: elementwise, each output one float32 product ``(q - zp) * s`` compared with a constant
+# (no summation whose order a float kernel chooses); their outputs are bools
+EXACT_IN_FLOAT = ("Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Equal")
+
+
 def runs_in_float(graph, node, kind) -> bool:
     """Whether the integer program runs ``node`` in float (as the plain simulator does): kept in
     float by the quantizer (no quantization kind), or a node that only moves values applied to
@@ -82,10 +88,10 @@ class LoweringBuilder:
         handler(node)
 
     def is_index(self, name: str) -> bool:
-        """An unquantized integer value (token ids, positions, shapes): ONNX Runtime computes it
-        exactly as the plain path does, with the op itself."""
+        """An unquantized integer or bool value (token ids, positions, shapes, a condition): ONNX
+        Runtime computes it exactly as the plain path does, with the op itself."""
         v = self.graph.values[name]
-        return v.quant is None and v.dtype in INTEGER_DTYPES
+        return v.quant is None and (v.dtype in INTEGER_DTYPES or v.dtype == "bool")
 
     def build(self):
         g = self.graph
@@ -94,7 +100,8 @@ class LoweringBuilder:
             kind = self.plain._kind(node)
             in_float = runs_in_float(g, node, kind)
             if in_float:
-                handler = getattr(self, "_float_node", None) if self.float_nodes else None
+                exact = node.op in EXACT_IN_FLOAT and all(g.values[o].dtype == "bool" for o in node.outputs if o)
+                handler = getattr(self, "_float_node", None) if self.float_nodes or exact else None
             else:
                 handler = getattr(self, f"_{kind}", None)
             if (in_float or handler is None) and all(self.is_index(n) for n in (*node.inputs, *node.outputs) if n):
