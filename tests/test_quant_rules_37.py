@@ -205,19 +205,25 @@ def test_clip_with_a_computed_bound_under_target_tflite_is_a_clean_refusal_in_th
 
 @pytest.mark.parametrize("module, shape, config", [
     (MaxMinNet(), (1, 3, 8, 8), {}), (MaxMinNet(), (1, 3, 8, 8), {"target": "tflite"}),
-    (MaxMinNet(), (1, 3, 8, 8), {"activation_dtype": "int8"}), (DynamicRangeFloor(), (1, 2, 64), {})])
+    (MaxMinNet(), (1, 3, 8, 8), {"activation_dtype": "int8"}), (DynamicRangeFloor(), (1, 2, 64), {}),
+    (PReluNet(), (1, 3, 8, 8), {}), (PReluNet(), (1, 3, 8, 8), {"tflite_multipliers": True})])
 @pytest.mark.parametrize("rounding", ROUNDINGS)
-def test_the_lowered_engine_runs_minmax_nodes_as_the_plain_path(module, shape, config, rounding):
-    """ONNX Runtime's program reads each operand's requantization from a table of every code."""
-    from npuforge.sim.lowered import make_simulator
+def test_the_lowered_engine_runs_minmax_and_prelu_as_the_plain_path(module, shape, config, rounding):
+    """ONNX Runtime's program reads each operand's requantization (a PRelu's result per slope
+    element) from a table of every code, in both forms of the lowering (the qoperator form's
+    for uint8 activations)."""
+    from npuforge.sim.lowered import LoweredSimulator
 
     _, q, calib, _ = _quantized(module, shape, config, seed=3)
-    lowered = make_simulator(q, rounding, "ort")
     plain = IntegerSimulator(q, rounding)
-    for x in calib + [c * 4 for c in calib]:
-        a = plain.run({q.inputs[0]: x}, dequantize=False)[q.outputs[0]]
-        b = lowered.run({q.inputs[0]: x}, dequantize=False)[q.outputs[0]]
-        np.testing.assert_array_equal(a, b)
+    uint8 = q.values[q.inputs[0]].quant.dtype == "uint8"
+    for form in ("qoperator", "float") if uint8 else ("float",):
+        lowered = LoweredSimulator(q, rounding, form=form)
+        assert not [n for n, how in lowered.lowering.items() if how.startswith("in float (kept")]
+        for x in calib + [c * 4 for c in calib]:
+            a = plain.run({q.inputs[0]: x}, dequantize=False)[q.outputs[0]]
+            b = lowered.run({q.inputs[0]: x}, dequantize=False)[q.outputs[0]]
+            np.testing.assert_array_equal(a, b)
 
 
 # -- NaN and infinity ------------------------------------------------------------------------------

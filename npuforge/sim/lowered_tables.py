@@ -24,7 +24,7 @@ MAX_TABLE = 1 << 22  # entries of a pooling table (sums of at most 16 K int8 val
 
 
 class TableLowerings:
-    """``_elementwise``, ``_pool``, ``_lut`` for a builder with ``emit``, ``const``,
+    """``_elementwise``, ``_pool``, ``_lut``, ``_minmax``, ``_prelu`` for a builder with ``emit``, ``const``,
     ``activation``, ``refuse``, ``plain``, ``graph`` and ``report``."""
 
     def _gather(self, node, index: str, table: np.ndarray, what: str):
@@ -72,14 +72,38 @@ class TableLowerings:
         if count * levels > MAX_TABLE:
             return self._elementwise_by_constant_code(node, k, role, q, yq)
         codes = np.arange(q.qmin, q.qmax + 1).astype(NP_INT[q.dtype]).reshape((levels,) + (1,) * len(cshape))
-        out = self.plain._elementwise(node, {name: torch.from_numpy(codes)})[0].numpy().astype(np.int64)
+        out = self.plain._elementwise(node, {name: torch.from_numpy(codes)})[0]
+        self._table_per_element(node, name, q, yq, cshape, out, "over one operand")
+
+    def _table_per_element(self, node, name: str, q, yq, cshape: tuple, out, what: str):
+        """``out``: the plain path's output codes on every code of ``name`` (axis 0) beside each
+        element of a constant of shape ``cshape``; read with ``Gather`` at ``code + levels * j``."""
+        levels = q.qmax - q.qmin + 1
+        count = int(np.prod(cshape, dtype=np.int64))
+        out = out.numpy().astype(np.int64)
         table = np.moveaxis(np.broadcast_to(out, (levels,) + cshape), 0, -1) - int(yq.zero_point)
         index = self.emit("Add", [name, self.const(f"{node.name}::off", np.float32(int(q.zero_point) - q.qmin))],
                           f"{node.name}::code")
         if count > 1 or cshape:
             grid = (np.arange(count, dtype=np.float32) * levels).reshape(cshape)
             index = self.emit("Add", [index, self.const(f"{node.name}::grid", grid)], f"{node.name}::ix")
-        self._gather(node, index, table.reshape(-1), f"table {table.size} over one operand")
+        self._gather(node, index, table.reshape(-1), f"table {table.size} {what}")
+
+    def _prelu(self, node):
+        """PRelu (quant/prelu_rule.py): a table per element of the slope over every code of x,
+        the plain rule's own results (per-channel slopes: one table per channel)."""
+        from ..quant.prelu_rule import integer_forward
+
+        name = node.inputs[0]
+        q, yq = self.activation(node, name), self.activation(node, node.outputs[0])
+        cshape = tuple(self.graph.values[node.inputs[1]].shape)
+        levels = q.qmax - q.qmin + 1
+        if q.dtype not in ("int8", "uint8") or int(np.prod(cshape, dtype=np.int64)) * levels > MAX_TABLE:
+            self.refuse(node, f"its input is {q.dtype} or its slope has {int(np.prod(cshape))} elements (a table "
+                              f"of every code per slope element)")
+        codes = np.arange(q.qmin, q.qmax + 1).astype(NP_INT[q.dtype]).reshape((levels,) + (1,) * len(cshape))
+        out = integer_forward(self.plain, node, {name: torch.from_numpy(codes)})[0]
+        self._table_per_element(node, name, q, yq, cshape, out, "over the input, per slope element")
 
     def _elementwise_by_constant_code(self, node, k: int, role: str, q, yq):
         """A constant too large for a table per element (a position embedding) holds few

@@ -412,6 +412,12 @@ class QOperatorBuilder(LoweringBuilder):
     def _interpolate(self, node):
         return self._in_float(node, "no QLinear form that computes the integer rule")
 
+    def _minmax(self, node):
+        return self._in_float(node, "its operands' requantizations as tables")
+
+    def _prelu(self, node):
+        return self._in_float(node, "a table per slope element")
+
     def _lut(self, node):
         x = node.inputs[0]
         self.codes(node, x), self.codes(node, node.outputs[0])
