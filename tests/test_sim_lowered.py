@@ -1023,3 +1023,28 @@ def test_threshold_guess_of_a_zero_scale_warns_nothing():
             x = Formula(np.float64([0.0, 0.5]), np.float64([0.0, 0.0]), symmetric=symmetric).steps(
                 np.tile(np.arange(-2, 3), (2, 1)))
             assert x.dtype == np.int64 and (np.abs(x[0]) == 2**62).all()
+
+
+def test_a_cast_of_an_integer_input_into_a_quantized_value_is_lowered_exactly():
+    """Silero VAD adds its sample rate, cast to float, to an activation: the Cast runs in float as
+    the plain path runs it (one correctly rounded conversion, then the output's quantization), so the
+    program lowers instead of falling back to the plain path."""
+    import npuforge
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = helper.make_graph(
+        [helper.make_node("Mul", ["n", "k"], ["nk"]), helper.make_node("Cast", ["nk"], ["f"], to=TensorProto.FLOAT),
+         helper.make_node("Add", ["x", "f"], ["y"])], "cast_add",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+         helper.make_tensor_value_info("n", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [numpy_helper.from_array(np.int64(3), "k")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    graph = npuforge.import_onnx(model)
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.normal(size=(1, 4)).astype(np.float32), "n": np.array(k, np.int64)} for k in range(4)]
+    q = npuforge.quantize(graph, feeds, log=lambda m: None)
+    assert q.values["f"].quant is not None
+    lowered, plain = make_simulator(q, "fixedpoint", "ort"), IntegerSimulator(q)
+    for f in feeds:
+        np.testing.assert_array_equal(lowered.run(f, dequantize=False)["y"], plain.run(f, dequantize=False)["y"])

@@ -33,9 +33,10 @@ def channel_ranges(plain, node) -> tuple[np.ndarray, ...]:
 
 
 # ops the integer program runs in float that ONNX Runtime computes exactly as the plain path
-# does: elementwise, each output one float32 product ``(q - zp) * s`` compared with a constant
-# (no summation whose order a float kernel chooses); their outputs are bools
-EXACT_IN_FLOAT = ("Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Equal")
+# does: elementwise, each output the float32 product ``(q - zp) * s`` compared with a constant,
+# or one correctly rounded conversion (Silero VAD's sample rate cast to float), then the
+# output's quantization; no summation whose order a float kernel chooses
+EXACT_IN_FLOAT = ("Greater", "GreaterOrEqual", "Less", "LessOrEqual", "Equal", "Cast")
 
 
 def runs_in_float(graph, node, kind) -> bool:
@@ -100,8 +101,7 @@ class LoweringBuilder:
             kind = self.plain._kind(node)
             in_float = runs_in_float(g, node, kind)
             if in_float:
-                exact = node.op in EXACT_IN_FLOAT and all(g.values[o].dtype == "bool" for o in node.outputs if o)
-                handler = getattr(self, "_float_node", None) if self.float_nodes or exact else None
+                handler = getattr(self, "_float_node", None) if self.float_nodes or node.op in EXACT_IN_FLOAT else None
             else:
                 handler = getattr(self, f"_{kind}", None)
             if (in_float or handler is None) and all(self.is_index(n) for n in (*node.inputs, *node.outputs) if n):
