@@ -881,8 +881,9 @@ def test_a_right_shift_is_folded_where_that_lets_qlinearconv_reproduce_the_chann
     """A multiplier below 2^-11 keeps a right shift (TFLite's normalized form), which rounds twice,
     the second time half away from zero on both sides: on outputs of both signs no float32 scale
     follows it. match_multipliers folds the shift into the multiplier (round(M / 2^e), moving it by
-    at most 2^-20) where that channel then matches, so it runs as QLinearConv; the values move by
-    at most 2^-18 and the lowering still equals the plain simulator."""
+    at most 2^-20, or more where the channel's outputs stay small) where that channel then matches,
+    so it runs as QLinearConv; no output moves by more than 2^-10 of a code and the lowering still
+    equals the plain simulator."""
     from npuforge.quant.ort_multipliers import fold_shifts, match_multipliers
     from npuforge.quant.requant import multiplier_value
 
@@ -903,7 +904,8 @@ def test_a_right_shift_is_folded_where_that_lets_qlinearconv_reproduce_the_chann
     before = multiplier_value(g.values[q["multiplier"]].data, g.values[q["shift"]].data)
     report = match_multipliers(g)
     after = multiplier_value(g.values[q["multiplier"]].data, g.values[q["shift"]].data)
-    assert np.all(np.abs(after - before) <= before * 2.0**-18)
+    assert report["max_code_change"] <= 2.0**-10  # (outputs this small may move their multipliers further)
+    assert np.all(np.abs(after - before) <= before * 2.0**-14)
     folded = int((np.asarray(g.values[q["shift"]].data) == 0).sum())
     assert report["matched"] >= 5 and folded >= 4  # (none had shift 0 before)
     lowering = both(g, {"x": x}, "fixedpoint")["qoperator"].lowering["n"]

@@ -57,7 +57,8 @@ def add_quantize_parser(sub) -> None:
                         "rewrites what TFLite has no builtin for: a fused LeakyRelu, PRelu, LayerNormalization "
                         "(docs/tflite.md)")
     p.add_argument("--ort-multipliers", action="store_true",
-                   help="move each Conv / Gemm multiplier by at most 2^-18 of itself to one ONNX Runtime's integer "
+                   help="move each Conv / Gemm multiplier by at most 2^-18 of itself (more where a channel's outputs "
+                        "stay small, never an output by more than 2^-10 of a code) to one ONNX Runtime's integer "
                         "convolution reproduces exactly: the integer simulator then runs almost every channel on "
                         "ONNX Runtime's int8 kernels (docs/simulator.md)")
     p.add_argument("--int16", default="", metavar="NAMES", help="comma-separated values or nodes kept at int16")

@@ -65,7 +65,8 @@ class QuantConfig:
                 "twice), and TFLite's ADD, MEAN, AVERAGE_POOL_2D, FULLY_CONNECTED, SOFTMAX and activation "
                 "kernels with its fixed output grids; needed by the int8 TFLite export"})
     ort_multipliers: bool = field(default=False, metadata={
-        "help": "move each Conv / Gemm multiplier by at most 2^-18 of itself to one whose fixed-point rule ONNX "
+        "help": "move each Conv / Gemm multiplier by at most 2^-18 of itself (more where a channel's outputs stay "
+                "small, never an output by more than 2^-10 of a code) to one whose fixed-point rule ONNX "
                 "Runtime's integer convolution reproduces exactly, so the integer simulator runs more of the "
                 "model on ONNX Runtime's int8 kernels (not with tflite_multipliers)"})
     target: str = field(default="", metadata={
