@@ -230,7 +230,7 @@ def test_the_lowered_engine_runs_minmax_and_prelu_as_the_plain_path(module, shap
 
 class LinearAttentionNorm(nn.Module):
     """``x / (sum + 1e-5)``: the epsilon is below the sum's grid step, so a row of zeros divides 0 by 0
-    in the Div that stays in float."""
+    (here in the Div kept in float; quantized, tests/test_div_rule.py)."""
 
     def forward(self, x):
         r = torch.relu(x)
@@ -241,8 +241,8 @@ def test_nan_or_infinity_is_an_error_naming_the_node_never_a_code():
     graph = npuforge.from_torch(LinearAttentionNorm().eval(), torch.zeros(1, 4, 8))
     calib = [x + 1.0 for x in _data((2, 4, 8), 0, 2)]
     messages = []
-    q = npuforge.quantize(graph, calib, log=messages.append)
-    div = next(n for n in q.nodes if n.op == "Div")
+    div = next(n for n in graph.nodes if n.op == "Div")
+    q = npuforge.quantize(graph, calib, {"keep_float": [div.name]}, log=messages.append)
     assert any(f"'{div.name}' (Div) kept in float" in m for m in messages)
     x = calib[0].copy()
     x[0, 1] = -1.0  # a row of zeros after the Relu: 0 / 0
@@ -260,7 +260,7 @@ def test_nan_or_infinity_is_an_error_naming_the_node_never_a_code():
         run_fake_quant(q, {q.inputs[0]: bad})
     # the remedy the message gives: the node adding the epsilon kept in float
     add = next(n.name for n in q.nodes if n.op == "Add")
-    kept = npuforge.quantize(graph, calib, {"keep_float": [add]}, log=lambda m: None)
+    kept = npuforge.quantize(graph, calib, {"keep_float": [add, div.name]}, log=lambda m: None)
     assert np.isfinite(IntegerSimulator(kept).run({kept.inputs[0]: x})[kept.outputs[0]]).all()
 
 

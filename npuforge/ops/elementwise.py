@@ -50,8 +50,25 @@ class Mul(_Binary):
 @register
 class Div(_Binary):
     name = "Div"
-    summary = "a / b, numpy broadcasting; integers truncate toward zero"
-    quant = None
+    summary = ("a / b, numpy broadcasting; integers truncate toward zero; int8: the exact quotient of the codes "
+               "times the ratio of scales, rounded once (quant/div_rule.py)")
+    quant = "divide"  # by an activation; a constant divisor becomes a Mul first (passes/div_by_constant.py)
+
+    def quant_kind(self, node, graph):
+        values = graph.values
+        if values[node.outputs[0]].dtype not in ("float16", "float32", "float64"):
+            return "shape"
+        return None if all(values[n].is_const for n in node.inputs) else "divide"
+
+    def quantize_integers(self, graph, node, add, config=None):
+        from ..quant.div_rule import quantize_integers
+
+        quantize_integers(graph, node, add, config)
+
+    def integer_forward(self, sim, node, env):
+        from ..quant.div_rule import integer_forward
+
+        return integer_forward(sim, node, env)
 
     def forward(self, node, xs):
         a, b = xs

@@ -101,6 +101,8 @@ class Op:
     #   "prelu"        PRelu with a constant slope: int8 slope codes, two requantizations (quant/prelu_rule.py)
     #   "minmax"       Max / Min of activations, Clip with computed bounds: each operand requantized to the
     #                  output's grid, then max / min of the codes (quant/minmax_rule.py)
+    #   "divide"       Div by an activation: the exact quotient of the codes times the ratio of scales,
+    #                  rounded once (quant/div_rule.py)
     #   "shape"        integer shape arithmetic: stays as it is
     #   None           no rule: kept in float (a warning; an error under strict)
     quant: ClassVar[str | None] = None

@@ -127,6 +127,8 @@ def make_plan(graph, config: QuantConfig) -> Plan:
             float_ins = float_ins[:1]  # weight and bias are quantized by the node
         elif kind == "minmax":
             float_ins = [i for i in float_ins if not graph.values[i].is_const]  # constants: output codes
+        elif kind == "divide":
+            pass  # both operands: activations, or a constant on its own grid (quant/div_rule.py)
         elif kind in ("lut", "pool", "passthrough") or _owns_rule(node):
             float_ins = float_ins[:1]  # other float inputs are parameters (Clip bounds, pad value, scale)
         for name in float_ins:

@@ -24,7 +24,7 @@ MAX_TABLE = 1 << 22  # entries of a pooling table (sums of at most 16 K int8 val
 
 
 class TableLowerings:
-    """``_elementwise``, ``_pool``, ``_lut``, ``_minmax``, ``_prelu`` for a builder with ``emit``, ``const``,
+    """``_elementwise``, ``_pool``, ``_lut``, ``_minmax``, ``_prelu``, ``_divide`` for a builder with ``emit``, ``const``,
     ``activation``, ``refuse``, ``plain``, ``graph`` and ``report``."""
 
     def _gather(self, node, index: str, table: np.ndarray, what: str):
@@ -44,9 +44,15 @@ class TableLowerings:
         if any(q.dtype not in ("int8", "uint8") for q in qs):  # no table of every pair
             self.report[node.name] = int64_rules.elementwise(self, node)
             return
+        self._pair_table(node, qs, yq, self.plain._elementwise)
+
+    def _pair_table(self, node, qs, yq, compute):
+        """Two 8-bit activations: ``compute(node, env)``'s output codes on every pair of codes,
+        read with ``Gather`` at ``n1 * a' + b'`` (offset to the table's start)."""
+        names = node.inputs[:2]
         codes = [np.arange(q.qmin, q.qmax + 1).astype(NP_INT[q.dtype]) for q in qs]
         env = {names[0]: torch.from_numpy(codes[0])[:, None], names[1]: torch.from_numpy(codes[1])[None, :]}
-        table = self.plain._elementwise(node, env)[0].numpy().astype(np.int64) - int(yq.zero_point)
+        table = compute(node, env)[0].numpy().astype(np.int64) - int(yq.zero_point)
         n1 = len(codes[1])
         low = [q.qmin - int(q.zero_point) for q in qs]
         scaled = self.emit("Mul", [names[0], self.const(f"{node.name}::n1", np.float32(n1))], f"{node.name}::a")
@@ -88,6 +94,28 @@ class TableLowerings:
             grid = (np.arange(count, dtype=np.float32) * levels).reshape(cshape)
             index = self.emit("Add", [index, self.const(f"{node.name}::grid", grid)], f"{node.name}::ix")
         self._gather(node, index, table.reshape(-1), f"table {table.size} {what}")
+
+    def _divide(self, node):
+        """Div by an activation (quant/div_rule.py): a table of every pair of 8-bit codes, or with a
+        constant operand a table per element of it over every code of the activation."""
+        from ..quant.div_rule import integer_forward
+
+        yq = self.activation(node, node.outputs[0])
+        consts = [k for k in range(2) if f"input{k}" in node.quant]
+        k = 1 - consts[0] if consts else 0
+        qs = [self.activation(node, n) for n in node.inputs[:2] if n not in (node.inputs[j] for j in consts)]
+        if any(q.dtype not in ("int8", "uint8") for q in qs):
+            self.refuse(node, "an operand that is not 8-bit (a table of every code)")
+        if not consts and len(set(node.inputs[:2])) == 2:
+            return self._pair_table(node, qs, yq, lambda n, env: integer_forward(self.plain, n, env))
+        name, q = node.inputs[k], qs[0]
+        cshape = tuple(np.asarray(self.plain._int(node, f"input{consts[0]}")).shape) if consts else ()
+        levels = q.qmax - q.qmin + 1
+        if int(np.prod(cshape, dtype=np.int64)) * levels > MAX_TABLE:
+            self.refuse(node, f"a constant operand of {int(np.prod(cshape))} elements (a table per element)")
+        codes = np.arange(q.qmin, q.qmax + 1).astype(NP_INT[q.dtype]).reshape((levels,) + (1,) * len(cshape))
+        out = integer_forward(self.plain, node, {name: torch.from_numpy(codes)})[0]
+        self._table_per_element(node, name, q, yq, cshape, out, "over one operand")
 
     def _prelu(self, node):
         """PRelu (quant/prelu_rule.py): a table per element of the slope over every code of x,

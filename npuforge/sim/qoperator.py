@@ -418,6 +418,9 @@ class QOperatorBuilder(LoweringBuilder):
     def _prelu(self, node):
         return self._in_float(node, "a table per slope element")
 
+    def _divide(self, node):
+        return self._in_float(node, "a table of the quotients")
+
     def _lut(self, node):
         x = node.inputs[0]
         self.codes(node, x), self.codes(node, node.outputs[0])
