@@ -1,6 +1,7 @@
 """The IR: checker, text format round trip, shape rules (property tests)."""
 
 import filecmp
+import warnings
 
 import numpy as np
 import pytest
@@ -233,3 +234,22 @@ def test_channel_count_from_a_dynamic_shape_feeds_slice_and_reshape():
     assert g.values[g.outputs[0]].shape == ("N", 4, 3, 3)
     x = np.random.default_rng(0).random((3, 4, 3, 3), dtype=np.float32)
     np.testing.assert_array_equal(g.run({g.inputs[0]: x})[g.outputs[0]], m(torch.from_numpy(x)).numpy())
+
+
+@pytest.mark.parametrize("entry, match", [
+    ('{"dtype": "int8", "axis": null, "scale": 1e300, "zero_point": 0}', "beyond float32's range"),
+    ('{"dtype": "uint8", "axis": null, "scale": 0.1, "zero_point": 2147483648}', r"integer in uint8's range \[0, 255\]"),
+    ('{"dtype": "int8", "axis": null, "scale": 0.1, "zero_point": 0.5}', "must be an integer"),
+    ('{"dtype": "int8", "axis": null, "scale": 0.1, "zero_point": -129}', r"\[-128, 127\]"),
+])
+def test_a_quant_entry_a_cast_would_change_is_refused_without_a_numpy_warning(tmp_path, entry, match):
+    """A scale float32 cannot hold or a zero point its dtype cannot is one error naming the line;
+    the casts that would make them inf or an arbitrary code (with numpy's RuntimeWarning on the
+    user's terminal) are never reached."""
+    npuforge.save(small_graph(), tmp_path / "a.nfir")
+    text = (tmp_path / "a.nfir").read_text()
+    (tmp_path / "a.nfir").write_text(text + f"quant x {entry}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(npuforge.NpuforgeError, match=rf"a\.nfir:\d+: .*{match}"):
+            npuforge.load(tmp_path / "a.nfir")

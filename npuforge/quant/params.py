@@ -68,8 +68,14 @@ class QParams:
         if axis is not None and (not isinstance(axis, int) or isinstance(axis, bool) or not 0 <= axis < 64):
             raise ValueError(f"quantization axis {axis!r:.40} is not a dimension index")
         scale, zero_point = np.array(d["scale"], np.float64), np.array(d["zero_point"], np.float64)
-        if not np.isfinite(scale).all() or not np.isfinite(zero_point).all() or scale.ndim > 1 or np.abs(zero_point).max(initial=0) > 2**31:
+        if not np.isfinite(scale).all() or not np.isfinite(zero_point).all() or scale.ndim > 1:
             raise ValueError("quantization scale and zero_point must be finite numbers (one per channel at most)")
+        # checked before the casts, which would turn them into inf or an arbitrary int32 with a numpy warning
+        if np.abs(scale).max(initial=0) > np.finfo(np.float32).max:
+            raise ValueError("a quantization scale is beyond float32's range")
+        lo, hi = QRANGES[d["dtype"]]
+        if (zero_point != np.round(zero_point)).any() or (zero_point < lo).any() or (zero_point > hi).any():
+            raise ValueError(f"a quantization zero_point must be an integer in {d['dtype']}'s range [{lo}, {hi}]")
         return cls(d["dtype"], scale.astype(np.float32), zero_point.astype(np.int32), axis)
 
     def same_as(self, other: "QParams") -> bool:
