@@ -473,7 +473,6 @@ class _OnnxImporter:
         """Convert a body's nodes into the graph, its inputs bound to IR values (``bind``), its
         initializers constants, every value it defines renamed (``prefix/...``, or the names in
         ``out_names`` for its outputs); returns the IR values of its outputs."""
-        where = self.where
         if len(bind) != len(body.input):
             raise ModelFormatError(f"{at}: its body '{body.name}' has {len(body.input)} inputs, expected "
                                    f"{len(bind)}")
