@@ -40,20 +40,28 @@ def quantize_integers(graph, node, add, config=None) -> None:
 
 
 def divide(a: torch.Tensor, b: torch.Tensor, mult: int, shift: int) -> torch.Tensor:
-    """Q(a * mult * 2^(shift - 31) / b) on int64 codes (``a``, ``b`` less their zero points), ties
-    away from zero; b = 0: +-2^40 by a's sign (saturates any output), 0 for 0 / 0."""
-    num = a * mult
-    den = b.clone()
+    """Q(a * mult * 2^(shift - 31) / b) on int64 codes (``a``, ``b`` less their zero points, at
+    most 16-bit), ties away from zero; b = 0: +-2^40 by a's sign (saturates any output), 0 for 0 / 0.
+
+    In int64 without overflow for every shift a multiplier can have (-31 to 30): |a * mult| < 2^47,
+    so a right shift of 48 bits or more leaves every quotient below 1/2 (0), and a left one of 16 or
+    more puts every non-zero quotient beyond 2^30 (saturated); in between, numerator and shifted
+    divisor stay below 2^63, and the remainder decides the rounding without doubling either."""
     e = shift - 31
-    if e >= 0:
-        num = num << e
-    else:
-        den = den << -e
-    sign = torch.where((num < 0) ^ (den < 0), -1, 1)
-    n, d = num.abs(), den.abs()
-    q = sign * torch.div(2 * n + d, 2 * torch.where(d == 0, 1, d), rounding_mode="floor")
+    n, d = (a * mult).abs(), b.abs()
+    sign = torch.where((a < 0) ^ (b < 0), -1, 1)
     infinite = torch.where(a > 0, 1 << 40, torch.where(a < 0, -(1 << 40), 0))
-    return torch.where(b == 0, infinite, q)
+    if e >= 16:
+        q = torch.where(n > 0, 1 << 40, 0)
+    elif e <= -48:
+        q = torch.zeros_like(n)
+    else:
+        n, d = (n << e, d) if e >= 0 else (n, d << -e)
+        d = torch.where(d == 0, 1, d)
+        q = torch.div(n, d, rounding_mode="floor")
+        r = n - q * d
+        q = q + (r >= d - r).to(q.dtype)  # a remainder of half the divisor or more rounds up (away from zero)
+    return torch.where(b == 0, infinite, sign * q)
 
 
 def _operand(sim, node, k: int, env) -> torch.Tensor:
