@@ -490,6 +490,9 @@ def command_parsers(parser):
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .memory import keep_freed_memory
+
+    keep_freed_memory()  # batches of images reuse freed blocks instead of faulting fresh pages in (memory.py)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

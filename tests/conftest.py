@@ -9,6 +9,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 REPO = Path(__file__).resolve().parents[1]
 
 
+def pytest_configure(config):
+    """The allocator setting the command line uses (npuforge/memory.py), for the whole run: the
+    in-process tests then run the torch paths as the CLI does, without a page fault per element
+    of every large activation."""
+    from npuforge.memory import keep_freed_memory
+
+    keep_freed_memory()
+
+
 def shared_data_dir() -> Path:
     env = os.environ.get("NPUFORGE_SHARED_DATA")
     return Path(env) if env else REPO.parent / "shared" / "data"
