@@ -18,19 +18,20 @@ as a library can call :func:`keep_freed_memory` itself. Elsewhere than glibc it 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
 _THRESHOLD = 1 << 30
 
 
+@functools.cache  # once per process: the command line's main() runs it on every call, the tests many times
 def keep_freed_memory() -> bool:
     """Raise glibc's mmap and trim thresholds to 1 GiB (see the module docstring); True where
     the allocator took both, False where there is no glibc ``mallopt`` or it refused."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols: libc's, without a library search
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return bool(mallopt(_M_TRIM_THRESHOLD, _THRESHOLD)) & bool(mallopt(_M_MMAP_THRESHOLD, _THRESHOLD))
+    trim, mmap = mallopt(_M_TRIM_THRESHOLD, _THRESHOLD), mallopt(_M_MMAP_THRESHOLD, _THRESHOLD)  # both, always
+    return bool(trim) and bool(mmap)
