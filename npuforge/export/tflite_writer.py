@@ -8,7 +8,7 @@ knows nothing of the npuforge IR (see :mod:`npuforge.export.tflite_export`).
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import flatbuffers
 import numpy as np
@@ -29,8 +29,8 @@ def table(builder, name: str, **fields):
     ``<name>Add<Field>`` functions spell it) to a scalar or an already-built offset."""
     mod = _schema(name)
     getattr(mod, f"{name}Start")(builder)
-    for field, value in fields.items():
-        getattr(mod, f"{name}Add{field}")(builder, value)
+    for key, value in fields.items():
+        getattr(mod, f"{name}Add{key}")(builder, value)
     return getattr(mod, f"{name}End")(builder)
 
 
@@ -76,6 +76,7 @@ class _Operator:
     outputs: list
     options_type: int
     options: tuple  # (table name, fields) or None
+    intermediates: list = field(default_factory=list)  # tensors a kernel keeps parameters in (int8 LSTM)
 
 
 class TFLiteWriter:
@@ -101,12 +102,12 @@ class TFLiteWriter:
         return len(self.tensors) - 1
 
     def operator(self, builtin: int, inputs: list, outputs: list, options: str | None = None,
-                 options_type: int = 0, version: int = 1, **fields) -> None:
+                 options_type: int = 0, version: int = 1, intermediates: list | None = None, **fields) -> None:
         key = (builtin, version)
         if key not in self.opcodes:
             self.opcodes[key] = len(self.opcodes)
         self.operators.append(_Operator(self.opcodes[key], list(inputs), list(outputs), options_type,
-                                        (options, fields) if options else None))
+                                        (options, fields) if options else None, list(intermediates or [])))
 
     def finish(self, inputs: list, outputs: list, description: str = "npuforge") -> bytes:
         b = flatbuffers.Builder(1024 + sum(len(d) for d in self.buffers))
@@ -131,6 +132,8 @@ class TFLiteWriter:
         for op in self.operators:
             ins, outs = _vector(b, op.inputs, np.int32), _vector(b, op.outputs, np.int32)
             fields = {"OpcodeIndex": op.opcode, "Inputs": ins, "Outputs": outs}
+            if op.intermediates:
+                fields["Intermediates"] = _vector(b, op.intermediates, np.int32)
             if op.options is not None:
                 name, opts = op.options
                 opts = {k: (_vector(b, v, np.int32) if isinstance(v, (list, tuple, np.ndarray)) else v)

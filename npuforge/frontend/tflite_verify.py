@@ -154,7 +154,7 @@ def verify_model(buf: bytes, where: str) -> None:
         code = w.scalar(op, 4, "<I")
         if code >= len(codes):
             w.fail(f"operator {k} has opcode index {code}, but the model has {len(codes)} operator codes")
-        for what, slot, low in (("input", 6, -1), ("output", 8, 0)):  # -1: an omitted optional input
+        for what, slot, low in (("input", 6, -1), ("output", 8, 0), ("intermediate", 20, 0)):  # -1: omitted
             for i in w.ints(op, slot, f"operator {k}'s {what}s"):
                 if not low <= i < n:
                     w.fail(f"operator {k} has {what} tensor {i}, but the subgraph has {n} tensors")
