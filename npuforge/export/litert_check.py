@@ -71,7 +71,9 @@ def with_builtin_transpose_conv(model: bytes) -> bytes | None:
 
 
 def run_litert(it, codes: list) -> list:
-    """Feed int8 codes in the IR's layout (NCHW where 4-D); the output codes in the IR's layout."""
+    """Feed int8 codes in the IR's layout (NCHW where 4-D); the output codes in the IR's layout. Each
+    run starts from zero states (an LSTM's variable tensors), as the IR's graph does."""
+    it.reset_all_variables()
     for d, c in zip(it.get_input_details(), codes):
         it.set_tensor(d["index"], np.ascontiguousarray(c.transpose(0, 2, 3, 1) if c.ndim == 4 else c))
     it.invoke()
