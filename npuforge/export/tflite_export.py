@@ -30,7 +30,7 @@ from ..quant.tflite_tables import activation_range
 from ..quant.requant import (TFLITE_ADD_LEFT_SHIFT, quantize_multiplier, tflite_add_multipliers, tflite_mean_multiplier,
                              tflite_mul_multiplier)
 from .tflite_layout import NCHW_TO_NHWC as _NCHW_TO_NHWC, NHWC_AXIS as _NHWC_AXIS, refuse as _refuse, same_order
-from . import tflite_select, tflite_tensor_ops as tensor_ops
+from . import tflite_lstm, tflite_select, tflite_tensor_ops as tensor_ops
 from .tflite_writer import TensorQuant, TFLiteWriter
 
 IO_TYPES = ("int8", "float")
@@ -759,6 +759,7 @@ class _Exporter:
                 "Tile": lambda self, node: tensor_ops.tile(self, node),
                 "Expand": lambda self, node: tensor_ops.expand(self, node),
                 "Where": lambda self, node: tflite_select.select(self, node),
+                "SequenceLSTM": lambda self, node: tflite_lstm.sequence_lstm(self, node),
                 **dict.fromkeys(tflite_select.COMPARISONS, lambda self, node: tflite_select.comparison(self, node))}
 
     # -- graph -------------------------------------------------------------------------

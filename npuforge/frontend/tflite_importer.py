@@ -451,6 +451,7 @@ class _Importer(OperatorRules, RecurrentRules, CustomRules):
                 self.bad(f"the inputs {ins}, omitting one before the last")
             label = name if name in self.HANDLERS else handler[0]  # a custom op: its rule's name
             self.base, self.node_base = self.tname(outs[0]), f"{label.lower()}_{index}"
+            self.op_index = index
             try:
                 getattr(self, handler[0])(ins, outs[0], self.options(self.sg.Operators(index), handler[1]),
                                           *handler[2:])

@@ -26,6 +26,9 @@ from __future__ import annotations
 import numpy as np
 from tflite.ActivationFunctionType import ActivationFunctionType as Act
 
+from ..quant.lstm_rule import quantize_integers
+from ..quant.params import QParams
+from ..quant.quantize import _add_int
 from .onnx_recurrent import MAX_STEPS
 
 # input tensor slots of UNIDIRECTIONAL_SEQUENCE_LSTM (TFLite's lstm_shared.h)
@@ -44,7 +47,7 @@ class RecurrentRules:
 
     def sequence_lstm(self, ins, o, opt):
         if self.quantized:
-            self.refuse("is the int8 LSTM kernel, which npuforge does not import (float LSTMs are unrolled)")
+            return self._int8_lstm(ins, o, opt)
         if opt.DiagonalRecurrentTensors():
             self.refuse("has diagonal recurrent weights, which npuforge does not import")
         code = opt.FusedActivationFunction()  # the cell gate's and the cell output's: TANH, or a Relu / Clip
@@ -113,6 +116,95 @@ class RecurrentRules:
             outs.append(step.emit("Unsqueeze", [h, axes], f"h{t}"))
         y = outs[0] if steps == 1 else step.emit("Concat", outs, "sequence", axis=time_axis)
         self.bind(o, y)
+
+    def _int8_lstm(self, ins, o, opt):
+        """The int8 kernel: one SequenceLSTM node keeping the file's codes and parameters (its
+        integer arithmetic is LiteRT's 8x8_16 kernel, npuforge/quant/lstm_rule.py), layer
+        normalization included."""
+        inputs = list(ins) + [-1] * (24 - len(ins))
+        have = lambda slot: inputs[slot] >= 0  # noqa: E731
+        if opt.DiagonalRecurrentTensors():
+            self.refuse("has diagonal recurrent weights, which npuforge does not import")
+        if opt.FusedActivationFunction() != Act.TANH:
+            self.refuse("has a cell activation other than TANH; LiteRT's int8 LSTM computes tanh only")
+        op = self.sg.Operators(self.op_index)
+        inter = [int(t) for t in op.IntermediatesAsNumpy()] if op.IntermediatesLength() else []
+        if len(inter) != 5 or not all(0 <= t < self.sg.TensorsLength() for t in inter):
+            self.bad(f"{len(inter)} intermediate tensors (LiteRT's int8 LSTM reads 5: the hidden state's "
+                     f"parameters from the fifth)")
+        hidden = self.qparams(inter[4])
+        if hidden is None or hidden.per_channel:
+            self.bad("no per-tensor quantization on its hidden-state intermediate (the fifth)")
+        norm = [g for g in "ifco" if have(_NORM[g])]
+        cifg = not have(_W["i"])
+        if norm and norm != list("fco" if cifg else "ifco"):
+            self.bad(f"layer-norm coefficients for gates {norm} only (every gate's or none)")
+        gate_scales = []
+        if norm:  # the gates' pre-activation scales: intermediates 0-3 (the input gate's unread under CIFG)
+            for k, g in enumerate("ifco"):
+                p = self.qparams(inter[k], self.dtype(inter[k]))
+                if p is None or p.per_channel:
+                    if g == "i" and cifg:
+                        gate_scales.append(1.0)
+                        continue
+                    self.bad(f"no per-tensor quantization on intermediate {k} (gate {g}'s pre-activation scale, "
+                             f"which layer normalization needs)")
+                gate_scales.append(float(p.scale))
+        expect = {_X: "int8", _PROJ_W: "int8", _PROJ_B: "int32", _H0: "int8", _C0: "int16",
+                  **{s: "int8" for s in (*_W.values(), *_R.values())}, **{s: "int32" for s in _BIAS.values()},
+                  **{s: "int16" for s in (*_PEEPHOLE.values(), *_NORM.values())}}
+        for slot, dtype in expect.items():
+            if have(slot) and (self.dtype(inputs[slot]) != dtype or self.qparams(inputs[slot], dtype) is None or
+                               self.qparams(inputs[slot], dtype).per_channel):
+                self.bad(f"the {self.dtype(inputs[slot])} tensor '{self.tname(inputs[slot])}' at input {slot} "
+                         f"(LiteRT's int8 LSTM takes {dtype} there, quantized per tensor)")
+        for slot in (_X, _W["f"], _W["c"], _W["o"], _R["f"], _R["c"], _R["o"], _H0, _C0):
+            if not have(slot):
+                self.bad(f"no tensor at input {slot}, which the LSTM kernel requires")
+        y_q, h_q, c_q = self.activation_q(o), self.qparams(inputs[_H0]), self.qparams(inputs[_C0], "int16")
+        if not h_q.same_as(y_q):
+            self.refuse("has an output state quantized differently from its output, which npuforge does not "
+                        "import (its output is the state's codes)")
+        log2 = np.log2(np.float64(c_q.scale))
+        if log2 != np.round(log2) or not -30 <= log2 <= -9 or int(c_q.zero_point) != 0:
+            self.refuse(f"has a cell state of scale {float(c_q.scale):g} and zero point {int(c_q.zero_point)}; "
+                        f"LiteRT's int8 LSTM takes a power of two from 2^-30 to 2^-9 with zero point 0")
+        n_cell, n_output = self.file_shape(inputs[_R["f"]])
+        shape = self.file_shape(inputs[_X])
+        if len(shape) != 3 or self.file_shape(o) != tuple(shape[:2]) + (n_output,):
+            self.bad(f"an input of shape {list(shape)} and output of shape {list(self.file_shape(o))} "
+                     f"({n_output} outputs)")
+        batch = shape[1] if opt.TimeMajor() else shape[0]
+        self._lstm_state(inputs[_H0], (batch, n_output), "output state")
+        self._lstm_state(inputs[_C0], (batch, n_cell), "cell state")
+        # LiteRT adds the biases' codes at the scale its arithmetic gives them, whatever the file says: the
+        # gate's products' (s_W s_x), the normalized gate's (s_norm 2^-10), the projection's (s_P s_hidden)
+        scale = lambda slot: np.float32(self.qparams(inputs[slot], self.dtype(inputs[slot])).scale)  # noqa: E731
+        bias_scales = {_BIAS[g]: scale(_NORM[g]) * np.float32(2.0**-10) if norm else
+                       np.float32(np.float64(scale(_W[g])) * np.float64(scale(_X))) for g in "ifco" if have(_BIAS[g])}
+        if have(_PROJ_B):
+            bias_scales[_PROJ_B] = np.float32(np.float64(scale(_PROJ_W)) * np.float64(hidden.scale))
+        raw = {}  # IR value -> the file's int32 codes (a dequantized bias may not give them back exactly)
+
+        def ir_value(slot: int) -> str:
+            if slot not in bias_scales:
+                return self.value(inputs[slot])
+            codes = self.const(inputs[slot], "bias").astype(np.int64)
+            p = QParams("int32", bias_scales[slot], 0)
+            name = self.add_const(self.tname(inputs[slot]), p.dequantize(codes), p)
+            raw[name] = codes
+            return name
+
+        slots = [_X, *_W.values(), *_R.values(), *_PEEPHOLE.values(), *_BIAS.values(), _PROJ_W, _PROJ_B,
+                 *_NORM.values()]
+        names = [ir_value(s) if have(s) else "" for s in slots]
+        attrs = {"time_major": int(bool(opt.TimeMajor())), "cell_clip": float(opt.CellClip()),
+                 "proj_clip": float(opt.ProjClip()), "cell_scale_log2": int(log2),
+                 "hidden_scale": float(hidden.scale), "hidden_zero_point": int(hidden.zero_point),
+                 "gate_scales": gate_scales}
+        node = self.emit("SequenceLSTM", names, attrs, self.fresh(self.tname(o)), y_q)
+        quantize_integers(self.graph, node, lambda role, data: _add_int(self.graph, node, role, data), raw)
+        self.bind(o, node.outputs[0])
 
     def _lstm_vector(self, i: int, what: str, n: int) -> np.ndarray | None:
         if i < 0:
