@@ -12,6 +12,12 @@ graph's every node is a TFLite builtin's integer program (and the simulator equa
   calibrated grid (the int8 variance costs accuracy: docs/tflite.md gives the measured figure).
 * L2Normalize: ``x * max(n * mean(x * x), eps^2) ^ -0.5`` as MUL, MEAN, MUL, a Clip table, a
   ``v ^ -0.5`` table, MUL.
+* Div by a computed value (linear attention's ``x / (sum + eps)``): ``x * (1 / d)`` as a table of
+  ``1 / d`` on the divisor's grid (GATHER) and MUL. LiteRT's int8 DIV is no exact oracle: for a
+  numerator of 0 or -1 less its zero point (after it moves the divisor's sign) its rounding shift
+  can reach 32 bits, undefined in C++; on x86, ai-edge-litert 2.3.0 then returns the zero point
+  + 1 for 0 / d and saturates -1 / d to -128 (over every int8 code pair: 528 and 12 of 65,280
+  outputs for two of three scale sets tried, none for the third).
 * ReduceSum over n elements: ``mean(x) * n`` as MEAN and MUL by the constant n. LiteRT's reference
   int8 SUM does not compute the program it implements (the sum of ``x - zp`` requantized once):
   with ai-edge-litert 2.3.0, 1,413 of 1,444 codes over four small sums differed from it, most -1.
@@ -162,7 +168,22 @@ def _reduce_sum(b: _Builder) -> bool:
     return True
 
 
+def _divide(b: _Builder) -> bool:
+    """A float Div by a computed value: ``a * Reciprocal(d)`` (a table of ``1 / d`` as GATHER, then MUL)."""
+    node, g = b.node, b.g
+    if node.op != "Div" or g.values[node.outputs[0]].dtype not in ("float16", "float32", "float64"):
+        return False
+    a, d = node.inputs[:2]
+    if g.values[d].is_const:
+        return False  # (a Mul already, by passes/div_by_constant.py)
+    inverse = b.op("Reciprocal", [d], g.values[d].shape)
+    b.op("Mul", [a, inverse], g.values[node.outputs[0]].shape, out=node.outputs[0])
+    return True
+
+
 def decompose_for_tflite(graph) -> dict:
-    """The normalizations and ReduceSum as TFLite builtins' float functions, in place; -> counts."""
+    """The normalizations, ReduceSum and Div by a computed value as TFLite builtins' float
+    functions, in place; -> counts."""
     return {"normalizations": _replace(graph, _normalization),
-            "L2Normalize": _replace(graph, _l2_normalize), "ReduceSum": _replace(graph, _reduce_sum)}
+            "L2Normalize": _replace(graph, _l2_normalize), "ReduceSum": _replace(graph, _reduce_sum),
+            "Div": _replace(graph, _divide)}
