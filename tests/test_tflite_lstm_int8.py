@@ -5,6 +5,8 @@ dequantized weights."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -200,3 +202,37 @@ def test_int8_lstm_from_the_command_line(tmp_path, capsys):
     assert main(["run", str(tmp_path / "lstm.npub"), "--input", str(tmp_path / "x.npy"), "--output",
                  str(tmp_path / "npub.npz")]) == 0
     np.testing.assert_array_equal(np.load(tmp_path / "npub.npz")["y"], want)
+
+
+CONVERTER_FILES = sorted((Path(__file__).parent / "data" / "tflite_lstm_int8").glob("*.tflite"))
+
+
+@pytest.mark.filterwarnings("ignore:.*a cell state of scale 2\\^-16")
+@pytest.mark.parametrize("path", CONVERTER_FILES, ids=lambda p: p.stem)
+def test_tensorflow_converter_files_equal_litert(path):
+    """Int8 LSTMs as TensorFlow's converter writes them (scripts/make_int8_lstm_fixtures.py): one or
+    two LSTMs, a Dense on either side (FULLY_CONNECTED with keep_num_dims), the last step only, up to
+    20 steps; cell scales 2^-14 to 2^-16 (two at 2^-16, where LiteRT skips the cell's tanh)."""
+    model = path.read_bytes()
+    graph = import_tflite(model, path.stem)
+    assert "SequenceLSTM" in [n.op for n in graph.nodes]
+    sim = IntegerSimulator(graph)
+    for seed in range(3):
+        x = _codes(model, seed)
+        ours = sim.run({graph.inputs[0]: x}, dequantize=False)[graph.outputs[0]]
+        for reference in (True, False):
+            np.testing.assert_array_equal(ours, run_litert(interpreter(model, reference), [x])[0])
+
+
+def test_a_cell_scale_below_2_to_the_15_is_reproduced_with_a_warning_and_refused_under_cifg():
+    """LiteRT's int16 tanh takes 0 to 6 integer bits: at a 2^-16 cell scale it multiplies the output
+    gate by the input gate left in its buffer (reproduced, with a warning); under CIFG that buffer is
+    never written, so the import refuses."""
+    with pytest.warns(UserWarning, match=r"a cell state of scale 2\^-16: LiteRT's int8 LSTM skips the cell's tanh"):
+        graph = import_tflite(int8_lstm_model(cell_log2=-16), "m")
+    model = int8_lstm_model(cell_log2=-16)
+    x = _codes(model, 0)
+    np.testing.assert_array_equal(IntegerSimulator(graph).run({graph.inputs[0]: x}, dequantize=False)[graph.outputs[0]],
+                                  run_litert(interpreter(model), [x])[0])
+    with pytest.raises(UnsupportedError, match=r"cell state of scale 2\^-16 in a CIFG LSTM"):
+        import_tflite(int8_lstm_model(cell_log2=-16, cifg=True), "m")

@@ -81,15 +81,21 @@ class OperatorRules:
         return self.emit(op, ins, out=out, quant=self.activation_q(o),
                          suffix=None if standalone else op.lower()).outputs[0]
 
-    def with_activation(self, code: int, o: int, op: str, inputs: list, attrs: dict | None = None):
-        """The op's node, then its fused activation; binds tensor o."""
-        out = self.fresh(self.tname(o))
-        node = self.emit(op, inputs, attrs, None if code != Act.NONE else out, self.activation_q(o))
-        self.bind(o, self.activation(node.outputs[0], code, o, out))
+    def with_activation(self, code: int, o: int, op: str, inputs: list, attrs: dict | None = None,
+                        computed_shape: tuple | None = None):
+        """The op's node, then its fused activation; binds tensor o (``computed_shape``: the file shape
+        the op computes, reshaped to o's after it: FULLY_CONNECTED's keep_num_dims)."""
+        out = self.fresh(self.tname(o)) if computed_shape is None else None
+        q = self.activation_q(o)
+        node = self.emit(op, inputs, attrs, None if code != Act.NONE else out, q)
+        y = self.activation(node.outputs[0], code, o, out)
+        if computed_shape is not None:
+            y = self.reshape(y, computed_shape, self.file_shape(o), q, self.fresh(self.tname(o)))
+        self.bind(o, y)
         return node
 
     def compute(self, o: int, x: int, op: str, inputs: list, attrs: dict, code: int, weight: np.ndarray,
-                w_tensor: int, bias: int, w_axis: int) -> None:
+                w_tensor: int, bias: int, w_axis: int, computed_shape: tuple | None = None) -> None:
         """Conv / Gemm: float weights (or int8 codes with the quantizer's integers) in IR layout."""
         qx, qy = self.activation_q(x), self.activation_q(o)
         wq = None
@@ -117,7 +123,7 @@ class OperatorRules:
         if fused:
             act, params, kind = self.fused_form(code)
             attrs = dict(attrs, activation=act, activation_params=list(params))
-        node = self.with_activation(Act.NONE if fused else code, o, op, inputs, attrs)
+        node = self.with_activation(Act.NONE if fused else code, o, op, inputs, attrs, computed_shape)
         if qy is None:
             return
         g = self.graph
@@ -165,10 +171,14 @@ class OperatorRules:
         rows = int(np.prod(shape)) // w.shape[1]
         if shape != (rows, w.shape[1]):  # TFLite flattens the input to [-1, depth], in its element order
             src = self.reshape(src, shape, (rows, w.shape[1]), self.graph.values[src].quant)
+        computed = None
         if self.file_shape(o) != (rows, w.shape[0]):
-            self.refuse("keeps its input's dims (keep_num_dims), which npuforge does not import")
+            if self.file_shape(o) != tuple(shape[:-1]) + (w.shape[0],):
+                self.bad(f"an output of shape {list(self.file_shape(o))} for an input of shape {list(shape)} and "
+                         f"{w.shape[0]} units")
+            computed = (rows, w.shape[0])  # keep_num_dims: the rows' leading dims again
         self.compute(o, x, "Gemm", [src], {"transB": 1}, opt.FusedActivationFunction(), w, w_i,
-                     ins[2] if len(ins) > 2 else -1, 0)
+                     ins[2] if len(ins) > 2 else -1, 0, computed)
 
     def elementwise(self, ins, o, opt, op):
         rank = len(self.file_shape(o))

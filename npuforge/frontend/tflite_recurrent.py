@@ -23,6 +23,8 @@ diagonal recurrent weights are refused by name.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from tflite.ActivationFunctionType import ActivationFunctionType as Act
 
@@ -169,6 +171,14 @@ class RecurrentRules:
         if log2 != np.round(log2) or not -30 <= log2 <= -9 or int(c_q.zero_point) != 0:
             self.refuse(f"has a cell state of scale {float(c_q.scale):g} and zero point {int(c_q.zero_point)}; "
                         f"LiteRT's int8 LSTM takes a power of two from 2^-30 to 2^-9 with zero point 0")
+        if log2 < -15:
+            if cifg:
+                self.refuse(f"has a cell state of scale 2^{int(log2)} in a CIFG LSTM: LiteRT's int16 tanh takes 0 to "
+                            f"6 integer bits, so its hidden state is undefined there")
+            warnings.warn(f"{self.where}: {self.at}: a cell state of scale 2^{int(log2)}: LiteRT's int8 LSTM skips "
+                          f"the cell's tanh there (its int16 tanh takes 0 to 6 integer bits) and multiplies the "
+                          f"output gate by the input gate instead; the integer simulator computes what LiteRT does, "
+                          f"the float graph the LSTM", UserWarning, stacklevel=2)
         n_cell, n_output = self.file_shape(inputs[_R["f"]])
         shape = self.file_shape(inputs[_X])
         if len(shape) != 3 or self.file_shape(o) != tuple(shape[:2]) + (n_output,):

@@ -16,7 +16,9 @@ cell state at scale 2^cell_scale:
   tanh; both are tables of all 65,536 inputs here, computed once by gemmlowp's arithmetic
   (:func:`logistic_q15`, :func:`tanh_q15`); CIFG takes ``i = 32767 - f``;
 * ``c = sat16(rdbp(f c, 15) + rdbp(i g, 30 + cell_scale))``, clipped to the cell clip's code;
-* ``h = sat8(R_h(o * tanh(c)) + zp_h)`` with tanh read at 15 + cell_scale integer bits and
+* ``h = sat8(R_h(o * tanh(c)) + zp_h)`` with tanh read at 15 + cell_scale integer bits (LiteRT's
+  tanh takes 0 to 6: with a cell scale of 2^-16, which TF's converter writes for small cell ranges,
+  it skips the tanh and multiplies o by the input gate left in its buffer; reproduced, measured) and
   zp_h the hidden state's zero point; with a projection LiteRT subtracts it instead (its
   projection bias adds it back: the same values, saturated at other codes), then
   ``sat8(R_p(P h + p_eff) + zp_y)`` clipped to the projection clip's code.
@@ -35,7 +37,7 @@ from functools import cache
 import numpy as np
 import torch
 
-from ..errors import UnsupportedError
+from ..errors import NpuforgeError, UnsupportedError
 from ..sim.int_ops import requantize_fixedpoint
 from .fixedpoint import c_div, doubling_high_mul, rdbp
 from .requant import quantize_multiplier
@@ -288,7 +290,13 @@ def integer_forward(sim, node, env) -> list:
     norm = {g: codes(slots[f"ln_{g}"]) for g in gates if slots.get(f"ln_{g}")}
     n_cell, n_out = U["f"].shape
     cell_bits = 15 + a["cell_scale_log2"]
-    sigmoid, tanh_gate, tanh_cell = logistic_q15(3), tanh_q15(3), tanh_q15(cell_bits)
+    sigmoid, tanh_gate = logistic_q15(3), tanh_q15(3)
+    # LiteRT's int16 tanh takes 0 to 6 integer bits; for a cell scale below 2^-15 it leaves its output
+    # buffer as it was: the input gate (measured on TF's converter's 2^-16 cell states)
+    tanh_cell = tanh_q15(cell_bits) if cell_bits >= 0 else None
+    if tanh_cell is None and "i" not in gates:
+        raise NpuforgeError(f"node '{node.name}' (SequenceLSTM): a CIFG LSTM with a cell scale of "
+                            f"2^{a['cell_scale_log2']}, whose output LiteRT leaves undefined")
     cell_clip, proj_clip = int(integer("cell_clip")), int(integer("proj_clip"))
     # LiteRT stores o * tanh(c) as code - zp before a projection (whose bias adds zp back), as
     # code + zp when it is the output (measured against LiteRT 2.3.0: the two saturate differently)
@@ -326,7 +334,8 @@ def integer_forward(sim, node, env) -> list:
         if cell_clip > 0:
             c = c.clamp(-cell_clip, cell_clip)
         o = gate("o", x_t, h, c)
-        hidden = (R(o * _lookup(tanh_cell, c), "hidden") + hidden_offset).clamp(-128, 127)
+        squashed = _lookup(tanh_cell, c) if tanh_cell is not None else i  # (LiteRT's, see above)
+        hidden = (R(o * squashed, "hidden") + hidden_offset).clamp(-128, 127)
         if slots.get("P"):
             h = (R(hidden @ codes(slots["P"]).T + integer("bias_proj"), "proj") + int(yq.zero_point)).clamp(-128, 127)
             if proj_clip > 0:
