@@ -358,6 +358,42 @@ def test_densify_float16_conv_weights_match_litert():
     assert_float_matches(model, graph, tol=1e-5)
 
 
+def test_shape_arithmetic_of_a_keras_reshape_folds_at_import():
+    """Keras' Reshape of a squeeze-excite: SHAPE, STRIDED_SLICE (shrink) and PACK compute the shape the
+    file already has; folded at import, the RESHAPE is what is left (float against LiteRT)."""
+    w = TFLiteWriter()
+    x = w.tensor("x", (1, 4, 5, 3), "float32")
+    mean = w.tensor("mean", (1, 3), "float32")
+    w.operator(BuiltinOperator.MEAN, [x, w.tensor("axes", (2,), "int32", data=_i32(1, 2))], [mean],
+               "ReducerOptions", BuiltinOptions.ReducerOptions, KeepDims=False)
+    shape = w.tensor("shape", (2,), "int32")
+    w.operator(BuiltinOperator.SHAPE, [mean], [shape], "ShapeOptions", BuiltinOptions.ShapeOptions, OutType=2)
+    batch = w.tensor("batch", (), "int32")
+    w.operator(BuiltinOperator.STRIDED_SLICE, [shape] + [w.tensor(f"s{k}", (1,), "int32", data=_i32(v))
+                                                         for k, v in enumerate((0, 1, 1))], [batch],
+               "StridedSliceOptions", BuiltinOptions.StridedSliceOptions, ShrinkAxisMask=1)
+    parts = [batch] + [w.tensor(f"d{k}", (), "int32", data=np.array(v, np.int32)) for k, v in enumerate((1, 1, 3))]
+    packed = w.tensor("packed", (4,), "int32")
+    w.operator(BuiltinOperator.PACK, parts, [packed], "PackOptions", BuiltinOptions.PackOptions, ValuesCount=4, Axis=0)
+    y = w.tensor("y", (1, 1, 1, 3), "float32")
+    w.operator(BuiltinOperator.RESHAPE, [mean, packed], [y])
+    z = w.tensor("z", (1, 4, 5, 3), "float32")
+    w.operator(BuiltinOperator.MUL, [x, y], [z], "MulOptions", BuiltinOptions.MulOptions)
+    model = w.finish([x], [z])
+    graph = import_tflite(model, "se")
+    assert [n.op for n in graph.nodes] == ["ReduceMean", "Reshape", "Mul"]
+    assert max(max(assert_float_matches(model, graph, seed)) for seed in (0, 1)) < 1e-6
+
+
+def test_pack_of_activations_is_refused_in_one_line():
+    w = TFLiteWriter()
+    x = w.tensor("x", (2, 3), "float32")
+    y = w.tensor("y", (2, 2, 3), "float32")
+    w.operator(BuiltinOperator.PACK, [x, x], [y], "PackOptions", BuiltinOptions.PackOptions, ValuesCount=2, Axis=0)
+    with pytest.raises(UnsupportedError, match=r"^m\.tflite: operator 0 \(PACK\) packs tensors computed at run time"):
+        import_tflite(w.finish([x], [y]), "m.tflite")
+
+
 def test_densify_corrupt_sparsity_is_one_line():
     weight = _pruned((8, 16), 4)
     values, (order, block_map, levels) = sparse_encode(weight, (0, 1), (), (), (0, 1))

@@ -16,6 +16,7 @@ from tflite.ActivationFunctionType import ActivationFunctionType as Act
 from tflite.Padding import Padding
 
 from ..errors import ModelFormatError
+from ..quant.tflite_softmax import input_real
 from ..quant.tflite_tables import activation_range
 from ..quant.config import QuantConfig
 from ..quant.params import QParams
@@ -252,6 +253,11 @@ class OperatorRules:
                 self.refuse(f"has beta {opt.Beta()}; npuforge imports int8 SOFTMAX with beta 1 only")
             x = self.emit("Mul", [x, self.add_const(f"{self.base}::beta", np.float32(opt.Beta()))],
                           suffix="beta").outputs[0]
+        xq = self.activation_q(ins[0])
+        if xq is not None and not input_real(xq.scale) > 1.0:  # (a classifier of random weights: uniform logits)
+            self.refuse(f"has an input scale of {float(xq.scale):.3g}, not above the 2^-26 that LiteRT's reference "
+                        f"SOFTMAX takes (it aborts there; its optimized kernel reads a float table instead), so "
+                        f"npuforge has no integer rule for it")
         rank = len(self.file_shape(o))
         self.with_activation(Act.NONE, o, "Softmax", [x], {"axis": self.axis(-1, rank)})
 
@@ -308,6 +314,25 @@ class OperatorRules:
             self.bad(f"a dense output of shape {list(self.file_shape(o))} for a tensor of shape {list(data.shape)}")
         self.folded[o] = data
 
+    def shape_op(self, ins, o, opt):
+        """SHAPE of a tensor of static shape: the constant, folded at import (Keras' Reshape writes
+        SHAPE, STRIDED_SLICE and PACK to compute a shape the file already knows)."""
+        if self.dtype(o) not in ("int32", "int64"):
+            self.bad(f"a {self.dtype(o)} output (SHAPE writes int32 or int64)")
+        self.folded[o] = np.asarray(self.file_shape(ins[0]), self.dtype(o))
+
+    def pack(self, ins, o, opt):
+        """PACK of constants (a shape being assembled), folded at import."""
+        values = [self.data(i) for i in ins]
+        if any(v is None for v in values):
+            self.refuse("packs tensors computed at run time; npuforge imports PACK of constants (shapes) only")
+        if len({v.shape for v in values}) != 1 or not -values[0].ndim - 1 <= opt.Axis() <= values[0].ndim:
+            self.bad(f"values of shapes {[list(v.shape) for v in values]} packed along axis {opt.Axis()}")
+        packed = np.stack(values, axis=opt.Axis())
+        if packed.shape != self.file_shape(o):
+            self.bad(f"an output of shape {list(self.file_shape(o))} for values packed to {list(packed.shape)}")
+        self.folded[o] = packed
+
     def strided_slice(self, ins, o, opt):
         """TF's strided slice (begin / end / strides constants and the five masks) as a Slice on the
         IR's axes, then the shrunk axes dropped and the new ones inserted: Squeeze / Unsqueeze, or for
@@ -356,6 +381,14 @@ class OperatorRules:
                 cuts.append((axis, picked))
             out.append(("shrink" if bit(shrink, i) else "keep", axis))
             axis += 1
+        constant = self.data(ins[0])
+        if constant is not None and constant.dtype.kind in "iu":  # shape arithmetic: folded at import
+            for a, r in cuts:
+                constant = np.take(constant, list(r), axis=a)
+            if constant.size != int(np.prod(self.file_shape(o))):
+                self.bad(f"an output of shape {list(self.file_shape(o))} for {constant.size} selected values")
+            self.folded[o] = constant.reshape(self.file_shape(o))
+            return
         q = self.activation_q(o)
         x = self.value(ins[0])
         sliced = list(shape)
@@ -407,7 +440,8 @@ class OperatorRules:
         "PRELU": ("prelu", None), "RESIZE_BILINEAR": ("resize", "ResizeBilinearOptions", "linear"),
         "RESIZE_NEAREST_NEIGHBOR": ("resize", "ResizeNearestNeighborOptions", "nearest"),
         "DEQUANTIZE": ("dequantize", None), "DENSIFY": ("densify", None),
-        "STRIDED_SLICE": ("strided_slice", "StridedSliceOptions"),
+        "STRIDED_SLICE": ("strided_slice", "StridedSliceOptions"), "SHAPE": ("shape_op", None),
+        "PACK": ("pack", "PackOptions"),
         "UNIDIRECTIONAL_SEQUENCE_LSTM": ("sequence_lstm", "UnidirectionalSequenceLSTMOptions"),
         "DEPTH_TO_SPACE": ("depth_space", "DepthToSpaceOptions", "DepthToSpace"),
         "SPACE_TO_DEPTH": ("depth_space", "SpaceToDepthOptions", "SpaceToDepth"),

@@ -92,7 +92,8 @@ def reciprocal(total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 SMALLEST_STEP = np.nextafter(np.float32(2.0 ** -(31 - SCALED_DIFF_BITS)), np.float32(1))
 
 
-def _input_real(scale, beta: float = 1.0) -> float:
+def input_real(scale, beta: float = 1.0) -> float:
+    """beta * s_x * 2^26, the real multiplier TFLite's SOFTMAX Prepare derives (it must be above one)."""
     return min(beta * np.float64(np.float32(scale)) * (1 << (31 - SCALED_DIFF_BITS)), (1 << 31) - 1.0)
 
 
@@ -103,7 +104,7 @@ def widen_small_steps(graph, plan, log) -> None:
     stays covered; the softmax of inputs that close is uniform far below its output step 1/256."""
     for node in graph.nodes:
         p = graph.values[node.inputs[0]].quant if node.op == "Softmax" and node.name in plan.kinds else None
-        if p is None or p.per_channel or _input_real(p.scale) > 1.0:
+        if p is None or p.per_channel or input_real(p.scale) > 1.0:
             continue
         lo = (p.qmin - int(p.zero_point)) * np.float64(p.scale)
         spread = (p.qmax - p.qmin) * np.float64(p.scale)
@@ -122,7 +123,7 @@ def widen_small_steps(graph, plan, log) -> None:
 def quantize_integers(graph, node, add, beta: float = 1.0) -> None:
     """Store TFLite's SOFTMAX Prepare values: input multiplier, left shift, diff_min."""
     xp = graph.values[node.inputs[0]].quant
-    real = _input_real(xp.scale, beta)
+    real = input_real(xp.scale, beta)
     if not real > 1.0:  # TFLite's Prepare takes a multiplier above one: an input step above 2^-26
         raise NpuforgeError(f"node '{node.name}' ({node.op}): its input step {float(xp.scale):.3g} is not above "
                             f"the 2^-{31 - SCALED_DIFF_BITS} that TFLite's integer SOFTMAX takes (a near-constant "
