@@ -358,6 +358,28 @@ def test_densify_float16_conv_weights_match_litert():
     assert_float_matches(model, graph, tol=1e-5)
 
 
+@pytest.mark.parametrize("padding,kernel,stride,in_hw,bias,act", [
+    (0, 3, 2, (5, 7), True, 1), (1, 2, 2, (4, 4), False, 0), (0, 1, 2, (4, 3), True, 0), (0, 4, 3, (3, 5), True, 3),
+    (1, 3, 1, (6, 5), True, 0)])
+def test_transpose_conv_matches_litert(padding, kernel, stride, in_hw, bias, act):
+    """TRANSPOSE_CONV, SAME (0) and VALID (1): the crop LiteRT's padding gives, output_padding where the
+    output reaches past the full transposed convolution (kernel 1, stride 2), bias and fused activation."""
+    w = TFLiteWriter()
+    h, wd = in_hw
+    out = [(n * stride if padding == 0 else (n - 1) * stride + kernel) for n in in_hw]
+    x = w.tensor("x", (1, h, wd, 3), "float32")
+    ins = [w.tensor("shape", (4,), "int32", data=_i32(1, *out, 5)), w.tensor("w", (5, kernel, kernel, 3), "float32",
+                                                                             data=_w(5, kernel, kernel, 3)), x]
+    ins += [w.tensor("b", (5,), "float32", data=_w(5))] if bias else []
+    y = w.tensor("y", (1, *out, 5), "float32")
+    w.operator(BuiltinOperator.TRANSPOSE_CONV, ins, [y], "TransposeConvOptions", BuiltinOptions.TransposeConvOptions,
+               version=4, Padding=padding, StrideH=stride, StrideW=stride, FusedActivationFunction=act)
+    model = w.finish([x], [y])
+    graph = import_tflite(model, "tc")
+    assert "ConvTranspose" in [n.op for n in graph.nodes]
+    assert max(max(assert_float_matches(model, graph, seed)) for seed in (0, 1)) < 1e-5
+
+
 def test_shape_arithmetic_of_a_keras_reshape_folds_at_import():
     """Keras' Reshape of a squeeze-excite: SHAPE, STRIDED_SLICE (shrink) and PACK compute the shape the
     file already has; folded at import, the RESHAPE is what is left (float against LiteRT)."""
@@ -443,6 +465,9 @@ INT8_CASES = {
     "softmax": (lambda: nn.Sequential(nn.Linear(20, 10), nn.Softmax(-1)), [(1, 20)]),
     "classifier_head": (lambda: nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.ReLU6(), nn.AdaptiveAvgPool2d(1),
                                               nn.Flatten(), nn.Linear(16, 10)), [(1, 3, 16, 16)]),
+    "transpose_conv_same": (lambda: nn.Sequential(nn.ConvTranspose2d(6, 8, 3, 2, 1, output_padding=1), nn.ReLU()),
+                            [(1, 6, 5, 7)]),
+    "transpose_conv_valid_k2": (lambda: nn.ConvTranspose2d(6, 4, 2, 2), [(1, 6, 5, 5)]),
 }
 
 

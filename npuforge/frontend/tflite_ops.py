@@ -96,15 +96,17 @@ class OperatorRules:
         return node
 
     def compute(self, o: int, x: int, op: str, inputs: list, attrs: dict, code: int, weight: np.ndarray,
-                w_tensor: int, bias: int, w_axis: int, computed_shape: tuple | None = None) -> None:
-        """Conv / Gemm: float weights (or int8 codes with the quantizer's integers) in IR layout."""
+                w_tensor: int, bias: int, w_axis: int, computed_shape: tuple | None = None,
+                ir_axis: int = 0) -> None:
+        """Conv / Gemm / ConvTranspose: float weights (or int8 codes with the quantizer's integers) in IR
+        layout; ``w_axis`` the output channels' axis in the file's weights, ``ir_axis`` in the IR's."""
         qx, qy = self.activation_q(x), self.activation_q(o)
         wq = None
         if qy is not None:
             p = self.qparams(w_tensor)
             if self.dtype(w_tensor) != "int8" or p is None or np.any(p.zero_point != 0):
                 self.refuse("has weights that are not symmetric int8 (zero point 0)")
-            wq = QParams("int8", p.scale, p.zero_point, 0 if p.per_channel else None)
+            wq = QParams("int8", p.scale, p.zero_point, ir_axis if p.per_channel else None)
             if p.per_channel and p.axis != w_axis:
                 self.refuse(f"quantizes its weights along axis {p.axis}, not the output channels")
             codes, weight = weight, wq.dequantize(weight)
@@ -117,7 +119,7 @@ class OperatorRules:
             b, bq = self.const(bias, "biases"), None
             if wq is not None:  # int32 codes at scale s_x * s_w (LiteRT reads no other)
                 bscale = (np.float64(qx.scale) * wq.scale.astype(np.float64)).astype(np.float32)
-                bq = QParams("int32", bscale, np.zeros(bscale.shape, np.int32), wq.axis)
+                bq = QParams("int32", bscale, np.zeros(bscale.shape, np.int32), 0 if wq.per_channel else None)
                 bias_codes, b = b.astype(np.int32), bq.dequantize(b)
             inputs.append(self.add_const(self.tname(bias), b.astype(np.float32), bq))
         fused = qy is not None and code != Act.NONE  # int8: saturation of the Conv / Gemm itself
@@ -159,6 +161,40 @@ class OperatorRules:
                  "pads": self.pads(self.padding(opt.Padding()), x, kernel, strides, dilations)}
         self.compute(o, x, "Conv", [self.value(x)], attrs, opt.FusedActivationFunction(), weight, w_i,
                      ins[2] if len(ins) > 2 else -1, w_axis)
+
+    def transpose_conv(self, ins, o, opt):
+        """TRANSPOSE_CONV (inputs: the output's NHWC shape, weights [O, KH, KW, I], the input, an optional
+        bias): the full transposed convolution, of which LiteRT keeps the output's rows from a head
+        its padding computes on the output's size (0 for VALID; the export's ``transpose_conv_crop``);
+        the IR's ConvTranspose with that head and the rest cropped, or ``output_padding`` where the
+        output reaches past the full convolution (bias only there)."""
+        from ..export.tflite_export import transpose_conv_crop
+
+        if len(ins) < 3:
+            self.bad(f"{len(ins)} inputs (TRANSPOSE_CONV takes the output shape, the weights and the input)")
+        shape_i, w_i, x = ins[:3]
+        out = [int(d) for d in self.const(shape_i, "output shape").reshape(-1)]
+        shape = self.file_shape(x)
+        w = self.weights(w_i, 4, "weights")  # [O, KH, KW, I]
+        if len(shape) != 4 or w.shape[3] != shape[3] or tuple(out) != self.file_shape(o) or \
+                out[0] != shape[0] or out[3] != w.shape[0]:
+            self.bad(f"an input of shape {list(shape)}, weights of shape {list(w.shape)}, an output shape {out} and "
+                     f"an output of shape {list(self.file_shape(o))}, which do not agree (NHWC, weights OHWI)")
+        padding = self.padding(opt.Padding())
+        strides = self.at_least_1("strides", [opt.StrideH(), opt.StrideW()])
+        kernel = [w.shape[1], w.shape[2]]
+        pads, extra = [0, 0, 0, 0], [0, 0]
+        for axis, (size, n, k, st) in enumerate(zip(out[1:3], shape[1:3], kernel, strides)):
+            head = transpose_conv_crop(padding, size, n, k, st)
+            if head is None:
+                self.bad(f"an output of {size} along axis {axis + 1} for an input of {n}, kernel {k} and stride {st} "
+                         f"(LiteRT's Prepare refuses it)")
+            tail = (n - 1) * st + k - size - head
+            pads[axis], pads[axis + 2], extra[axis] = head, max(tail, 0), max(-tail, 0)
+        attrs = {"kernel_shape": kernel, "strides": strides, "dilations": [1, 1], "group": 1,
+                 "output_padding": extra, "pads": pads}
+        self.compute(o, x, "ConvTranspose", [self.value(x)], attrs, opt.FusedActivationFunction(),
+                     w.transpose(3, 0, 1, 2), w_i, ins[3] if len(ins) > 3 else -1, 0, ir_axis=1)
 
     def fully_connected(self, ins, o, opt):
         x, w_i = ins[0], ins[1]
@@ -421,13 +457,14 @@ class OperatorRules:
 
     # the inputs each rule reads whatever the file says (the others are optional: a bias, PADV2's value)
     ARITY = {"conv": 2, "fully_connected": 2, "elementwise": 2, "mean": 2, "pad": 2, "transpose_op": 2,
-             "prelu": 2, "resize": 2, "strided_slice": 4, "sequence_lstm": 20}  # the rest: 1
+             "prelu": 2, "resize": 2, "strided_slice": 4, "sequence_lstm": 20, "transpose_conv": 3}  # the rest: 1
     SPARSE_INPUTS = ("sequence_lstm",)  # rules that read optional inputs anywhere in the list (-1: omitted)
 
     # builtin -> (method, options table, extra arguments)
     HANDLERS = {
         "CONV_2D": ("conv", "Conv2DOptions", False), "DEPTHWISE_CONV_2D": ("conv", "DepthwiseConv2DOptions", True),
         "FULLY_CONNECTED": ("fully_connected", "FullyConnectedOptions"),
+        "TRANSPOSE_CONV": ("transpose_conv", "TransposeConvOptions"),
         "ADD": ("elementwise", "AddOptions", "Add"), "SUB": ("elementwise", "SubOptions", "Sub"),
         "MUL": ("elementwise", "MulOptions", "Mul"),
         "AVERAGE_POOL_2D": ("pool", "Pool2DOptions", "AveragePool"), "MAX_POOL_2D": ("pool", "Pool2DOptions", "MaxPool"),
