@@ -33,10 +33,10 @@ def _seq(shape, *layers):
     return K.Model(inp, x)
 
 
-def _attention():
+def _attention(norm: bool):
     inp = K.Input(shape=(16, 32), batch_size=1)
-    x = L.MultiHeadAttention(num_heads=4, key_dim=8)(inp, inp)
-    x = L.LayerNormalization()(x + inp)
+    x = L.MultiHeadAttention(num_heads=4, key_dim=8)(inp, inp) + inp
+    x = L.LayerNormalization()(x) if norm else x
     return K.Model(inp, L.Dense(10)(L.GlobalAveragePooling1D()(x)))
 
 
@@ -62,7 +62,8 @@ MODELS = {
     "conv1d_audio": lambda: _seq((128, 8), L.Conv1D(16, 5, activation="relu"), L.MaxPooling1D(2),
                                  L.Conv1D(32, 3, padding="same"), L.GlobalAveragePooling1D(), L.Dense(4)),
     "gru": lambda: _seq((12, 6), L.GRU(16, return_sequences=True), L.Dense(3)),
-    "attention_layernorm": _attention,
+    "attention": lambda: _attention(False),
+    "attention_layernorm": lambda: _attention(True),
     "unet_like": lambda: _unet(),  # (defined below)
 }
 

@@ -380,6 +380,26 @@ def test_transpose_conv_matches_litert(padding, kernel, stride, in_hw, bias, act
     assert max(max(assert_float_matches(model, graph, seed)) for seed in (0, 1)) < 1e-5
 
 
+@pytest.mark.parametrize("a_shape,b_shape,adj_x,adj_y", [((2, 5, 4), (2, 4, 3), False, False),
+                                                       ((1, 3, 6, 8), (1, 3, 8, 6), False, False),
+                                                       ((1, 3, 8, 6), (1, 3, 8, 5), True, False),
+                                                       ((1, 2, 6, 8), (1, 2, 5, 8), False, True)])
+def test_batch_matmul_matches_litert(a_shape, b_shape, adj_x, adj_y):
+    """BATCH_MATMUL of two inputs, 3-D and 4-D (attention's heads: 4-D tensors are NCHW in the IR, so
+    the product runs in the file's order), with adj_x / adj_y."""
+    w = TFLiteWriter()
+    a, b = w.tensor("a", a_shape, "float32"), w.tensor("b", b_shape, "float32")
+    m = a_shape[-1] if adj_x else a_shape[-2]
+    n = b_shape[-2] if adj_y else b_shape[-1]
+    y = w.tensor("y", a_shape[:-2] + (m, n), "float32")
+    w.operator(BuiltinOperator.BATCH_MATMUL, [a, b], [y], "BatchMatMulOptions", BuiltinOptions.BatchMatMulOptions,
+               AdjX=adj_x, AdjY=adj_y)
+    model = w.finish([a, b], [y])
+    graph = import_tflite(model, "bmm")
+    assert "MatMul" in [n.op for n in graph.nodes]
+    assert max(max(assert_float_matches(model, graph, seed)) for seed in (0, 1)) < 1e-5
+
+
 def test_shape_arithmetic_of_a_keras_reshape_folds_at_import():
     """Keras' Reshape of a squeeze-excite: SHAPE, STRIDED_SLICE (shrink) and PACK compute the shape the
     file already has; folded at import, the RESHAPE is what is left (float against LiteRT)."""
@@ -468,6 +488,8 @@ INT8_CASES = {
     "transpose_conv_same": (lambda: nn.Sequential(nn.ConvTranspose2d(6, 8, 3, 2, 1, output_padding=1), nn.ReLU()),
                             [(1, 6, 5, 7)]),
     "transpose_conv_valid_k2": (lambda: nn.ConvTranspose2d(6, 4, 2, 2), [(1, 6, 5, 5)]),
+    "batch_matmul_heads": (lambda: Lambda(lambda a, b: torch.softmax(a @ b.transpose(-1, -2), -1) @ b),
+                           [(1, 2, 6, 8), (1, 2, 5, 8)]),
 }
 
 

@@ -196,6 +196,32 @@ class OperatorRules:
         self.compute(o, x, "ConvTranspose", [self.value(x)], attrs, opt.FusedActivationFunction(),
                      w.transpose(3, 0, 1, 2), w_i, ins[3] if len(ins) > 3 else -1, 0, ir_axis=1)
 
+    def batch_matmul(self, ins, o, opt):
+        """BATCH_MATMUL of two activations (attention's scores and context): a MatMul in the file's
+        element order (a 4-D operand is moved from the IR's NCHW order back to it, the product to the
+        IR's), adj_x / adj_y as Transposes of the last two axes; int8: the matmul kind's one
+        requantization by s_a s_b / s_y, rounded twice as LiteRT's kernel does."""
+        if opt.AsymmetricQuantizeInputs():
+            self.refuse("quantizes its float inputs at run time (the hybrid kernel), which npuforge does not import")
+        operands = []
+        for i, adj in zip(ins[:2], (opt.AdjX(), opt.AdjY())):
+            rank = len(self.file_shape(i))
+            if rank < 2:
+                self.bad(f"an operand of shape {list(self.file_shape(i))} (BATCH_MATMUL multiplies matrices)")
+            if self.quantized and self.data(i) is not None:
+                self.refuse("multiplies by a constant, which npuforge imports from FULLY_CONNECTED only")
+            x = self.value(i)
+            perm = list(TO_FILE) if rank == 4 else list(range(rank))
+            if adj:
+                perm[-2], perm[-1] = perm[-1], perm[-2]
+            operands.append(self.transpose(x, perm))
+        out_rank = len(self.file_shape(o))
+        if out_rank != 4:
+            self.with_activation(Act.NONE, o, "MatMul", operands)
+            return
+        y = self.emit("MatMul", operands, quant=self.activation_q(o)).outputs[0]
+        self.bind(o, self.transpose(y, TO_IR, self.fresh(self.tname(o))))
+
     def fully_connected(self, ins, o, opt):
         x, w_i = ins[0], ins[1]
         if opt.WeightsFormat() != 0:
@@ -457,7 +483,8 @@ class OperatorRules:
 
     # the inputs each rule reads whatever the file says (the others are optional: a bias, PADV2's value)
     ARITY = {"conv": 2, "fully_connected": 2, "elementwise": 2, "mean": 2, "pad": 2, "transpose_op": 2,
-             "prelu": 2, "resize": 2, "strided_slice": 4, "sequence_lstm": 20, "transpose_conv": 3}  # the rest: 1
+             "prelu": 2, "resize": 2, "strided_slice": 4, "sequence_lstm": 20, "transpose_conv": 3,
+             "batch_matmul": 2}  # the rest: 1
     SPARSE_INPUTS = ("sequence_lstm",)  # rules that read optional inputs anywhere in the list (-1: omitted)
 
     # builtin -> (method, options table, extra arguments)
@@ -465,6 +492,7 @@ class OperatorRules:
         "CONV_2D": ("conv", "Conv2DOptions", False), "DEPTHWISE_CONV_2D": ("conv", "DepthwiseConv2DOptions", True),
         "FULLY_CONNECTED": ("fully_connected", "FullyConnectedOptions"),
         "TRANSPOSE_CONV": ("transpose_conv", "TransposeConvOptions"),
+        "BATCH_MATMUL": ("batch_matmul", "BatchMatMulOptions"),
         "ADD": ("elementwise", "AddOptions", "Add"), "SUB": ("elementwise", "SubOptions", "Sub"),
         "MUL": ("elementwise", "MulOptions", "Mul"),
         "AVERAGE_POOL_2D": ("pool", "Pool2DOptions", "AveragePool"), "MAX_POOL_2D": ("pool", "Pool2DOptions", "MaxPool"),
