@@ -400,6 +400,58 @@ def test_batch_matmul_matches_litert(a_shape, b_shape, adj_x, adj_y):
     assert max(max(assert_float_matches(model, graph, seed)) for seed in (0, 1)) < 1e-5
 
 
+def _two_input_model(op: str, shapes, quant=None) -> bytes:
+    """a, b -> y through one builtin; ``quant`` = (a, b, y) (scale, zero point) pairs makes them int8."""
+    w = TFLiteWriter()
+    dtype = "float32" if quant is None else "int8"
+    q = [None] * 3 if quant is None else [TensorQuant(np.array([s], np.float32), np.array([z])) for s, z in quant]
+    a, b = (w.tensor(n, sh, dtype, quant=qq) for n, sh, qq in zip("ab", shapes, q))
+    y = w.tensor("y", np.broadcast_shapes(*shapes), dtype, quant=q[2])
+    w.operator(getattr(BuiltinOperator, op), [a, b], [y])
+    return w.finish([a, b], [y])
+
+
+@pytest.mark.parametrize("quant", [None, ((0.05, 3), (0.02, -100), (0.01, -128)), ((0.3, -20), (0.3, 7), (2.0, -128)),
+                                   ((0.001, 0), (0.004, 10), (0.0001, -120))])
+def test_squared_difference_matches_litert(quant):
+    """SQUARED_DIFFERENCE: float (Sub and Mul) against LiteRT; int8 (LiteRT's kernel, its integers from the
+    file's scales) bit for bit on every pair of codes, and broadcast."""
+    for shapes in [((256, 256), (256, 256)), ((2, 5, 6, 3), (1, 1, 6, 3))]:
+        model = _two_input_model("SQUARED_DIFFERENCE", shapes, quant)
+        graph = import_tflite(model, "sd")
+        if quant is None:
+            assert max(max(assert_float_matches(model, graph, seed)) for seed in (0, 1)) < 1e-5
+            continue
+        if shapes[0] == (256, 256):
+            a, b = np.meshgrid(np.arange(-128, 128), np.arange(-128, 128))
+            codes = [a.astype(np.int8), b.astype(np.int8)]
+        else:
+            rng = np.random.default_rng(0)
+            codes = [rng.integers(-128, 128, s).astype(np.int8) for s in shapes]
+        feeds = {n: c.transpose(0, 3, 1, 2) if c.ndim == 4 else c for n, c in zip(graph.inputs, codes)}
+        ours = IntegerSimulator(graph).run(feeds, dequantize=False)[graph.outputs[0]]
+        np.testing.assert_array_equal(ours, litert_run(model, list(feeds.values()))[0])
+        np.testing.assert_array_equal(ours, litert_run(to_tflite(graph), list(feeds.values()))[0])  # written back
+
+
+@pytest.mark.parametrize("xq,yq", [((0.05, -128), (0.02, -128)), ((0.001, -100), (0.5, -128)), ((3.0, -128), (0.01, 5)),
+                                   ((1e-5, -128), (2.0, -128))])
+def test_rsqrt_matches_litert(xq, yq):
+    """RSQRT in int8: LiteRT's integer table (gemmlowp's inverse square root) on every code at or above the
+    zero point (below it LiteRT refuses the input); float against LiteRT."""
+    model = model_of("RSQRT", None, (1, 256), (1, 256), quant=(xq, yq))
+    graph = import_tflite(model, "rsqrt")
+    codes = np.arange(-128, 128, dtype=np.int8)[None]
+    codes = np.maximum(codes, np.int8(xq[1]))
+    ours = IntegerSimulator(graph).run({graph.inputs[0]: codes}, dequantize=False)[graph.outputs[0]]
+    np.testing.assert_array_equal(ours, litert_run(model, [codes])[0])
+    model = model_of("RSQRT", None, (2, 9), (2, 9))
+    graph = import_tflite(model, "rsqrt")
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.01, 4, (2, 9)).astype(np.float32)
+    np.testing.assert_allclose(graph.run({graph.inputs[0]: x})[graph.outputs[0]], litert_float(model, [x])[0], rtol=1e-6)
+
+
 def test_shape_arithmetic_of_a_keras_reshape_folds_at_import():
     """Keras' Reshape of a squeeze-excite: SHAPE, STRIDED_SLICE (shrink) and PACK compute the shape the
     file already has; folded at import, the RESHAPE is what is left (float against LiteRT)."""

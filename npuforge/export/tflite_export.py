@@ -463,6 +463,12 @@ class _Exporter:
         self.op("MUL", [self.operand(node, 0), self.operand(node, 1)], [self.activation(node.outputs[0])],
                 "MulOptions", version=4 if yq.dtype == "int16" else 2, FusedActivationFunction=0)
 
+    def squared_difference(self, node):
+        """SquaredDifference (from an int8 .tflite): SQUARED_DIFFERENCE again, its integers LiteRT's."""
+        if "multiplierout" not in node.quant:
+            _refuse(node, "it has no integer multipliers (it was kept in float)")
+        self.op("SQUARED_DIFFERENCE", [self.operand(node, 0), self.operand(node, 1)], [self.activation(node.outputs[0])])
+
     def div(self, node):
         _refuse(node, "a Div by a computed value is written as a table of 1 / d and MUL only when quantized "
                       "with --target tflite (LiteRT's int8 DIV is not exact)")
@@ -752,7 +758,7 @@ class _Exporter:
             _refuse(node, f"it was quantized with npuforge's own Softmax, not TFLite's ({self.remedy()})")
         tensor_ops.softmax(self, node)
 
-    HANDLERS = {"Conv": conv, "ConvTranspose": conv_transpose, "Gemm": gemm, "MatMul": matmul, "Add": add, "Sub": add, "Mul": mul, "Div": div, "GlobalAveragePool": mean,
+    HANDLERS = {"Conv": conv, "ConvTranspose": conv_transpose, "Gemm": gemm, "MatMul": matmul, "Add": add, "Sub": add, "Mul": mul, "Div": div, "SquaredDifference": squared_difference, "GlobalAveragePool": mean,
                 "ReduceMean": mean, "AveragePool": pool, "MaxPool": pool, "Flatten": reshape, "Reshape": reshape,
                 "Squeeze": reshape, "Unsqueeze": reshape, "Concat": concat, "Pad": pad, "Relu": activation_op,
                 "Clip": clip, "Max": minmax, "Min": minmax, "LeakyRelu": activation_op, "PRelu": prelu, "Sigmoid": activation_op, "Tanh": activation_op, "HardSwish": activation_op,

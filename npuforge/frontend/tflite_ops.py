@@ -16,6 +16,7 @@ from tflite.ActivationFunctionType import ActivationFunctionType as Act
 from tflite.Padding import Padding
 
 from ..errors import ModelFormatError
+from ..quant.tflite_elementwise import quantize_integers as squared_difference_integers, rsqrt_table
 from ..quant.tflite_softmax import input_real
 from ..quant.tflite_tables import activation_range
 from ..quant.config import QuantConfig
@@ -246,6 +247,27 @@ class OperatorRules:
     def elementwise(self, ins, o, opt, op):
         rank = len(self.file_shape(o))
         self.with_activation(opt.FusedActivationFunction(), o, op, [self.value(i, rank) for i in ins])
+
+    def squared_difference(self, ins, o, opt):
+        """SQUARED_DIFFERENCE: an int8 file's is LiteRT's own kernel (SquaredDifference, its integers from
+        the file's scales); a float file's is Sub and Mul."""
+        rank = len(self.file_shape(o))
+        a, b = (self.value(i, rank) for i in ins[:2])
+        if self.quantized:
+            node = self.emit("SquaredDifference", [a, b], out=self.fresh(self.tname(o)), quant=self.activation_q(o))
+            squared_difference_integers(self.graph, node, lambda role, data: _add_int(self.graph, node, role, data))
+            self.bind(o, node.outputs[0])
+            return
+        d = self.emit("Sub", [a, b], suffix="difference").outputs[0]
+        self.with_activation(Act.NONE, o, "Mul", [d, d])
+
+    def rsqrt(self, ins, o, opt):
+        """RSQRT: x ^ -0.5 (Pow); an int8 file's with LiteRT's integer table (quant/tflite_elementwise.py)."""
+        xq, yq = self.activation_q(ins[0]), self.activation_q(o)
+        node = self.with_activation(Act.NONE, o, "Pow", [self.value(ins[0]),
+                                                          self.add_const(f"{self.base}::minus_half", np.float32(-0.5))])
+        if yq is not None:
+            _add_int(self.graph, node, "lut", rsqrt_table(xq, yq))
 
     def pool(self, ins, o, opt, op):
         kernel = self.at_least_1("a filter size", [opt.FilterHeight(), opt.FilterWidth()])
@@ -484,7 +506,7 @@ class OperatorRules:
     # the inputs each rule reads whatever the file says (the others are optional: a bias, PADV2's value)
     ARITY = {"conv": 2, "fully_connected": 2, "elementwise": 2, "mean": 2, "pad": 2, "transpose_op": 2,
              "prelu": 2, "resize": 2, "strided_slice": 4, "sequence_lstm": 20, "transpose_conv": 3,
-             "batch_matmul": 2}  # the rest: 1
+             "batch_matmul": 2, "squared_difference": 2}  # the rest: 1
     SPARSE_INPUTS = ("sequence_lstm",)  # rules that read optional inputs anywhere in the list (-1: omitted)
 
     # builtin -> (method, options table, extra arguments)
@@ -493,6 +515,7 @@ class OperatorRules:
         "FULLY_CONNECTED": ("fully_connected", "FullyConnectedOptions"),
         "TRANSPOSE_CONV": ("transpose_conv", "TransposeConvOptions"),
         "BATCH_MATMUL": ("batch_matmul", "BatchMatMulOptions"),
+        "SQUARED_DIFFERENCE": ("squared_difference", None), "RSQRT": ("rsqrt", None),
         "ADD": ("elementwise", "AddOptions", "Add"), "SUB": ("elementwise", "SubOptions", "Sub"),
         "MUL": ("elementwise", "MulOptions", "Mul"),
         "AVERAGE_POOL_2D": ("pool", "Pool2DOptions", "AveragePool"), "MAX_POOL_2D": ("pool", "Pool2DOptions", "MaxPool"),

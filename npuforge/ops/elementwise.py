@@ -1,4 +1,4 @@
-"""Binary arithmetic with numpy broadcasting: Add, Sub, Mul, Div."""
+"""Binary arithmetic with numpy broadcasting: Add, Sub, Mul, Div, SquaredDifference."""
 
 import torch
 
@@ -75,3 +75,32 @@ class Div(_Binary):
         if a.dtype.is_floating_point:
             return [a / b]
         return [torch.div(a, b, rounding_mode="trunc")]
+
+
+@register
+class SquaredDifference(_Binary):
+    name = "SquaredDifference"
+    summary = ("(a - b)^2, numpy broadcasting: TFLite's SQUARED_DIFFERENCE as an int8 .tflite gives it (a float "
+               "file's imports as Sub and Mul); int8: LiteRT's kernel (quant/tflite_elementwise.py)")
+    quant = "squared_difference"
+
+    def forward(self, node, xs):
+        d = xs[0] - xs[1]
+        return [d * d]
+
+    def onnx_nodes(self, node):
+        from onnx import helper
+
+        d = f"{node.outputs[0]}::difference"
+        return [helper.make_node("Sub", node.inputs[:2], [d], name=f"{node.name}::sub"),
+                helper.make_node("Mul", [d, d], node.outputs[:1], name=node.name)]
+
+    def quantize_integers(self, graph, node, add):
+        from ..quant.tflite_elementwise import quantize_integers
+
+        quantize_integers(graph, node, add)
+
+    def integer_forward(self, sim, node, env):
+        from ..quant.tflite_elementwise import integer_forward
+
+        return integer_forward(sim, node, env)

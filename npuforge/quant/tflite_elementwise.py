@@ -1,0 +1,72 @@
+"""Two LiteRT int8 kernels that TensorFlow's converter writes for a Keras layer normalization
+(``mean``, ``SQUARED_DIFFERENCE``, ``mean``, ``+ eps``, ``RSQRT``, ...), as the integer program
+an int8 ``.tflite`` import gives them: bit for bit with LiteRT (tests/test_tflite_import.py,
+benchmarks/tflite_int8_import.py).
+
+* RSQRT (``elementwise.cc``): a table over the 256 input codes: ``v = x - zp_x``; 127 where v is 0
+  (and where it is negative, which LiteRT refuses at run time); else gemmlowp's inverse square
+  root of v (``inv_sqrt_multiplier``) applied to 1 shifted up 20 bits, then the multiplier of
+  ``1 / (sqrt(s_x) s_y)`` (the square root and product in float32, the reciprocal in double) and
+  the 20 bits back, plus zp_y.
+* SQUARED_DIFFERENCE (``squared_difference.cc``, quantization kind "squared_difference"): each
+  operand ``(x - zp) << 7`` rescaled by ``s / (2 max(s_a, s_b))`` (a multiplier below one, one
+  rounding right shift), the difference squared in int32, then requantized by
+  ``(2 max(s_a, s_b))^2 / (2^14 s_y)``, plus zp_y, saturated.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..sim.int_ops import requantize_fixedpoint
+from .fixedpoint import doubling_high_mul, rdbp
+from .lstm_rule import inv_sqrt_multiplier
+from .requant import quantize_multiplier
+
+_F32 = np.float32
+SQUARED_DIFFERENCE_LEFT_SHIFT = 7
+
+
+def _mbqm(x, multiplier, shift) -> np.ndarray:
+    """MultiplyByQuantizedMultiplier on int64 arrays of int32 values (left shift, rounding doubling
+    high multiply, rounding right shift)."""
+    x = np.asarray(x, np.int64)
+    shift = np.asarray(shift, np.int64)
+    x = np.clip(x << np.maximum(shift, 0), -2**31, 2**31 - 1)
+    return rdbp(doubling_high_mul(x, multiplier), np.maximum(-shift, 0))
+
+
+def rsqrt_table(xq, yq) -> np.ndarray:
+    """LiteRT's int8 RSQRT of every input code (-128..127) -> output codes."""
+    mult, shift = quantize_multiplier(1.0 / np.float64(_F32(np.sqrt(_F32(xq.scale))) * _F32(yq.scale)))
+    value = np.arange(-128, 128, dtype=np.int64) - int(xq.zero_point)
+    inv_a, inv_b = inv_sqrt_multiplier(np.maximum(value, 1))
+    data = _mbqm(np.ones_like(value), inv_a, inv_b + 20)
+    out = _mbqm(data, int(mult), int(shift) - 20) + int(yq.zero_point)
+    return np.where(value > 0, np.clip(out, -128, 127), 127).astype(np.int8)
+
+
+def quantize_integers(graph, node, add) -> None:
+    """SQUARED_DIFFERENCE's Prepare: the two input multipliers and the output multiplier."""
+    qa, qb, qy = (graph.values[n].quant for n in (*node.inputs[:2], node.outputs[0]))
+    twice_max = np.float64(_F32(2) * max(_F32(qa.scale), _F32(qb.scale)))
+    reals = {"0": np.float64(_F32(qa.scale)) / twice_max, "1": np.float64(_F32(qb.scale)) / twice_max,
+             "out": twice_max * twice_max / np.float64(_F32(1 << 2 * SQUARED_DIFFERENCE_LEFT_SHIFT) * _F32(qy.scale))}
+    for role, real in reals.items():
+        mult, shift = quantize_multiplier(real)
+        add(f"multiplier{role}", np.atleast_1d(mult).astype(np.int32))
+        add(f"shift{role}", np.atleast_1d(shift).astype(np.int32))
+
+
+def integer_forward(sim, node, env) -> list:
+    integer = lambda role: torch.from_numpy(sim._int(node, role).astype(np.int64))  # noqa: E731
+    scaled = []
+    for k, name in enumerate(node.inputs[:2]):
+        x = sim._as_codes(name, env).to(torch.int64) - int(sim._q(name).zero_point)
+        x = requantize_fixedpoint(x << SQUARED_DIFFERENCE_LEFT_SHIFT, integer(f"multiplier{k}"), integer(f"shift{k}"))
+        scaled.append(x)
+    diff = scaled[0] - scaled[1]
+    yq = sim._q(node.outputs[0])
+    y = requantize_fixedpoint(diff * diff, integer("multiplierout"), integer("shiftout")) + int(yq.zero_point)
+    return [sim._store(y, yq)]
