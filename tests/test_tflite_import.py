@@ -452,6 +452,54 @@ def test_rsqrt_matches_litert(xq, yq):
     np.testing.assert_allclose(graph.run({graph.inputs[0]: x})[graph.outputs[0]], litert_float(model, [x])[0], rtol=1e-6)
 
 
+@pytest.mark.parametrize("approximate", [False, True])
+@pytest.mark.parametrize("xq,yq", [((0.05, 3), (0.02, -40)), ((0.1, -128), (0.05, -128)), ((0.01, 20), (0.004, 0))])
+def test_gelu_matches_litert(xq, yq, approximate):
+    """GELU: an int8 file's with LiteRT's LUTPopulate table, on every code; float against LiteRT."""
+    model = model_of("GELU", "GeluOptions", (1, 256), (1, 256), quant=(xq, yq), Approximate=approximate)
+    graph = import_tflite(model, "gelu")
+    codes = np.arange(-128, 128, dtype=np.int8)[None]
+    ours = IntegerSimulator(graph).run({graph.inputs[0]: codes}, dequantize=False)[graph.outputs[0]]
+    np.testing.assert_array_equal(ours, litert_run(model, [codes])[0])
+    model = model_of("GELU", "GeluOptions", (2, 9), (2, 9), Approximate=approximate)
+    assert max(max(assert_float_matches(model, import_tflite(model, "gelu"), seed)) for seed in (0, 1)) < 1e-5
+
+
+def test_a_keras_tensordot_reshape_of_placeholder_shape_takes_its_computed_shape():
+    """Keras' Dense on a 4-D tensor (Tensordot): SHAPE, GATHER, REDUCE_PROD, PACK and CONCATENATION compute
+    the shapes, and the file gives the reshaped tensors a placeholder shape ([1, 1], shape signature
+    [-1, -1]) that LiteRT resolves when it allocates; the import folds the arithmetic and takes the
+    computed shapes (float against LiteRT)."""
+    w = TFLiteWriter()
+    const = lambda name, v: w.tensor(name, np.shape(v), "int32", data=np.asarray(v, np.int32))  # noqa: E731
+    x = w.tensor("x", (1, 4, 5, 6), "float32")
+    shape = w.tensor("shape", (4,), "int32")
+    w.operator(BuiltinOperator.SHAPE, [x], [shape], "ShapeOptions", BuiltinOptions.ShapeOptions, OutType=2)
+    free = w.tensor("free", (3,), "int32")
+    w.operator(BuiltinOperator.GATHER, [shape, const("i_free", [0, 1, 2])], [free], "GatherOptions",
+               BuiltinOptions.GatherOptions, Axis=0)
+    rows = w.tensor("rows", (), "int32")
+    w.operator(BuiltinOperator.REDUCE_PROD, [free, const("axis0", [0])], [rows], "ReducerOptions",
+               BuiltinOptions.ReducerOptions, KeepDims=False)
+    stack = w.tensor("stack", (2,), "int32")
+    w.operator(BuiltinOperator.PACK, [rows, const("depth", 6)], [stack], "PackOptions", BuiltinOptions.PackOptions,
+               ValuesCount=2, Axis=0)
+    flat = w.tensor("flat", (1, 1), "float32", signature=(-1, -1))
+    w.operator(BuiltinOperator.RESHAPE, [x, stack], [flat])
+    dense = w.tensor("dense", (1, 3), "float32", signature=(-1, 3))
+    w.operator(BuiltinOperator.FULLY_CONNECTED, [flat, w.tensor("W", (3, 6), "float32", data=_w(3, 6))], [dense],
+               "FullyConnectedOptions", BuiltinOptions.FullyConnectedOptions)
+    out_shape = w.tensor("out_shape", (4,), "int32")
+    w.operator(BuiltinOperator.CONCATENATION, [free, const("units", [3])], [out_shape], "ConcatenationOptions",
+               BuiltinOptions.ConcatenationOptions, Axis=0)
+    y = w.tensor("y", (1, 4, 5, 3), "float32")
+    w.operator(BuiltinOperator.RESHAPE, [dense, out_shape], [y])
+    model = w.finish([x], [y])
+    graph = import_tflite(model, "tensordot")
+    assert "Gemm" in [n.op for n in graph.nodes]
+    assert max(max(assert_float_matches(model, graph, seed)) for seed in (0, 1)) < 1e-5
+
+
 def test_shape_arithmetic_of_a_keras_reshape_folds_at_import():
     """Keras' Reshape of a squeeze-excite: SHAPE, STRIDED_SLICE (shrink) and PACK compute the shape the
     file already has; folded at import, the RESHAPE is what is left (float against LiteRT)."""

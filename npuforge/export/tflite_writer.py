@@ -67,6 +67,7 @@ class _Tensor:
     buffer: int
     quant: TensorQuant | None
     variable: bool = False  # state the interpreter keeps between invocations (an LSTM's h and c)
+    signature: tuple | None = None  # shape_signature: -1 where the dim is dynamic
 
 
 @dataclass
@@ -90,14 +91,15 @@ class TFLiteWriter:
         self.by_name: dict[str, int] = {}
 
     def tensor(self, name: str, shape, dtype: str, data: np.ndarray | None = None,
-               quant: TensorQuant | None = None, variable: bool = False) -> int:
+               quant: TensorQuant | None = None, variable: bool = False, signature=None) -> int:
         if dtype not in TENSOR_TYPES:
             raise NpuforgeError(f"tensor '{name}': dtype {dtype} has no TFLite type")
         buffer = 0
         if data is not None:
             self.buffers.append(np.ascontiguousarray(data).tobytes())
             buffer = len(self.buffers) - 1
-        self.tensors.append(_Tensor(name, tuple(int(d) for d in shape), dtype, buffer, quant, variable))
+        self.tensors.append(_Tensor(name, tuple(int(d) for d in shape), dtype, buffer, quant, variable,
+                                    None if signature is None else tuple(int(d) for d in signature)))
         self.by_name[name] = len(self.tensors) - 1
         return len(self.tensors) - 1
 
@@ -116,6 +118,7 @@ class TFLiteWriter:
         for t in self.tensors:
             name = b.CreateString(t.name)
             shape = _vector(b, t.shape, np.int32)
+            signature = None if t.signature is None else _vector(b, t.signature, np.int32)
             quant = None
             if t.quant is not None:
                 scale = _vector(b, t.quant.scale, np.float32)
@@ -127,6 +130,8 @@ class TFLiteWriter:
                 fields["Quantization"] = quant
             if t.variable:
                 fields["IsVariable"] = True
+            if signature is not None:
+                fields["ShapeSignature"] = signature
             tensors.append(table(b, "Tensor", **fields))
         operators = []
         for op in self.operators:

@@ -100,6 +100,7 @@ class _Importer(OperatorRules, RecurrentRules, CustomRules):
         self.infos: dict[str, TensorInfo] = {}
         self.names: dict[int, str] = {}  # tensor index -> IR value (in IR layout)
         self.folded: dict[int, np.ndarray] = {}  # DEQUANTIZE of a constant: float32 data, file layout
+        self.resolved: dict[int, tuple] = {}  # dynamic tensors' shapes as the import computed them
         self.transposed: dict[str, tuple] = {}  # a Transpose's output -> (its input, perm)
         self.origin: dict[str, str] = {}  # node -> "operator i (OP)", for errors
         self.at = ""
@@ -124,8 +125,19 @@ class _Importer(OperatorRules, RecurrentRules, CustomRules):
         return _DTYPES[code]
 
     def file_shape(self, i: int) -> tuple:
+        if i in self.resolved:
+            return self.resolved[i]
         t = self.tensor(i)
         return tuple(int(d) for d in t.ShapeAsNumpy()) if t.ShapeLength() else ()
+
+    def resolve_shape(self, i: int, shape: tuple) -> None:
+        """A tensor the file marks dynamic (-1 in its shape signature) whose shape the import computed:
+        the file's own shape is a placeholder (TensorFlow's converter writes [1, 1] for a reshape its
+        shape arithmetic sizes) that LiteRT replaces when it allocates; a static tensor keeps its own."""
+        t = self.tensor(i)
+        signature = t.ShapeSignatureAsNumpy() if t.ShapeSignatureLength() else ()
+        if tuple(shape) != self.file_shape(i) and any(int(d) < 0 for d in signature):
+            self.resolved[i] = tuple(int(d) for d in shape)
 
     def has_data(self, i: int) -> bool:
         b = self.model.Buffers(self.tensor(i).Buffer())

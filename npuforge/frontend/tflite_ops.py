@@ -16,7 +16,7 @@ from tflite.ActivationFunctionType import ActivationFunctionType as Act
 from tflite.Padding import Padding
 
 from ..errors import ModelFormatError
-from ..quant.tflite_elementwise import quantize_integers as squared_difference_integers, rsqrt_table
+from ..quant.tflite_elementwise import gelu_table, quantize_integers as squared_difference_integers, rsqrt_table
 from ..quant.tflite_softmax import input_real
 from ..quant.tflite_tables import activation_range
 from ..quant.config import QuantConfig
@@ -236,6 +236,8 @@ class OperatorRules:
         if shape != (rows, w.shape[1]):  # TFLite flattens the input to [-1, depth], in its element order
             src = self.reshape(src, shape, (rows, w.shape[1]), self.graph.values[src].quant)
         computed = None
+        if len(self.file_shape(o)) == 2:
+            self.resolve_shape(o, (rows, w.shape[0]))
         if self.file_shape(o) != (rows, w.shape[0]):
             if self.file_shape(o) != tuple(shape[:-1]) + (w.shape[0],):
                 self.bad(f"an output of shape {list(self.file_shape(o))} for an input of shape {list(shape)} and "
@@ -261,6 +263,14 @@ class OperatorRules:
         d = self.emit("Sub", [a, b], suffix="difference").outputs[0]
         self.with_activation(Act.NONE, o, "Mul", [d, d])
 
+    def gelu(self, ins, o, opt):
+        """GELU (erf, or the tanh approximation); an int8 file's with LiteRT's table."""
+        approximate = bool(opt.Approximate())
+        node = self.with_activation(Act.NONE, o, "Gelu", [self.value(ins[0])],
+                                    {"approximate": "tanh" if approximate else "none"})
+        if self.activation_q(o) is not None:
+            _add_int(self.graph, node, "lut", gelu_table(self.activation_q(ins[0]), self.activation_q(o), approximate))
+
     def rsqrt(self, ins, o, opt):
         """RSQRT: x ^ -0.5 (Pow); an int8 file's with LiteRT's integer table (quant/tflite_elementwise.py)."""
         xq, yq = self.activation_q(ins[0]), self.activation_q(o)
@@ -279,6 +289,10 @@ class OperatorRules:
         self.with_activation(opt.FusedActivationFunction(), o, op, [self.value(ins[0])], attrs)
 
     def concatenation(self, ins, o, opt):
+        values = self.integer_constants(ins)
+        if values is not None:  # shape arithmetic: folded at import
+            return self.fold(o, np.concatenate([v.reshape(-1) if v.ndim == 0 else v for v in values],
+                                               axis=opt.Axis() % max(values[0].ndim, 1)))
         rank = len(self.file_shape(o))
         self.with_activation(opt.FusedActivationFunction(), o, "Concat", [self.value(i) for i in ins],
                              {"axis": self.axis(opt.Axis(), rank)})
@@ -316,6 +330,13 @@ class OperatorRules:
         self.with_activation(Act.NONE, o, "Pad", inputs)
 
     def reshape_op(self, ins, o, opt):
+        target = self.data(ins[1]) if len(ins) > 1 else None
+        if target is not None and target.dtype.kind in "iu":  # a new shape given or computed: -1 resolved
+            target = [int(d) for d in target.reshape(-1)]
+            size = int(np.prod(self.file_shape(ins[0])))
+            known = int(np.prod([d for d in target if d != -1]))
+            if target.count(-1) <= 1 and known and size % known == 0:
+                self.resolve_shape(o, tuple(size // known if d == -1 else d for d in target))
         x = self.value(ins[0])
         self.bind(o, self.reshape(x, self.file_shape(ins[0]), self.file_shape(o), self.activation_q(o),
                                   self.fresh(self.tname(o))))
@@ -397,6 +418,39 @@ class OperatorRules:
         if data.shape != self.file_shape(o):
             self.bad(f"a dense output of shape {list(self.file_shape(o))} for a tensor of shape {list(data.shape)}")
         self.folded[o] = data
+
+    def fold(self, o: int, value: np.ndarray) -> None:
+        """An integer constant computed at import (shape arithmetic), in the output's dtype."""
+        self.resolve_shape(o, value.shape)
+        if value.shape != self.file_shape(o):
+            self.bad(f"an output of shape {list(self.file_shape(o))} where its constant inputs give "
+                     f"{list(value.shape)}")
+        self.folded[o] = value.astype(self.dtype(o))
+
+    def integer_constants(self, ins) -> list | None:
+        values = [self.data(i) for i in ins]
+        return values if all(v is not None and v.dtype.kind in "iu" for v in values) else None
+
+    def gather(self, ins, o, opt):
+        """GATHER of integer constants (a shape's dims picked), folded at import."""
+        values = self.integer_constants(ins[:2])
+        if values is None:
+            self.refuse("gathers from tensors computed at run time; npuforge imports GATHER of shape constants only")
+        params, indices = values
+        axis = opt.Axis() % params.ndim if params.ndim else 0
+        if opt.BatchDims() or np.any((indices < -params.shape[axis]) | (indices >= params.shape[axis])):
+            self.bad(f"indices {indices.reshape(-1)[:8].tolist()} for an axis of {params.shape[axis]} "
+                     f"(batch_dims {opt.BatchDims()})")
+        self.fold(o, np.take(params, indices, axis=axis))
+
+    def reduce_prod(self, ins, o, opt):
+        """REDUCE_PROD of an integer constant (a shape's element count), folded at import."""
+        values = self.integer_constants(ins[:2])
+        if values is None:
+            self.refuse("multiplies tensors computed at run time; npuforge imports REDUCE_PROD of shape constants only")
+        x, axes = values
+        axes = tuple(sorted({int(a) % max(x.ndim, 1) for a in axes.reshape(-1)}))
+        self.fold(o, np.prod(x, axis=axes, keepdims=bool(opt.KeepDims())))
 
     def shape_op(self, ins, o, opt):
         """SHAPE of a tensor of static shape: the constant, folded at import (Keras' Reshape writes
@@ -506,7 +560,7 @@ class OperatorRules:
     # the inputs each rule reads whatever the file says (the others are optional: a bias, PADV2's value)
     ARITY = {"conv": 2, "fully_connected": 2, "elementwise": 2, "mean": 2, "pad": 2, "transpose_op": 2,
              "prelu": 2, "resize": 2, "strided_slice": 4, "sequence_lstm": 20, "transpose_conv": 3,
-             "batch_matmul": 2, "squared_difference": 2}  # the rest: 1
+             "batch_matmul": 2, "squared_difference": 2, "gather": 2, "reduce_prod": 2}  # the rest: 1
     SPARSE_INPUTS = ("sequence_lstm",)  # rules that read optional inputs anywhere in the list (-1: omitted)
 
     # builtin -> (method, options table, extra arguments)
@@ -516,6 +570,8 @@ class OperatorRules:
         "TRANSPOSE_CONV": ("transpose_conv", "TransposeConvOptions"),
         "BATCH_MATMUL": ("batch_matmul", "BatchMatMulOptions"),
         "SQUARED_DIFFERENCE": ("squared_difference", None), "RSQRT": ("rsqrt", None),
+        "GATHER": ("gather", "GatherOptions"), "REDUCE_PROD": ("reduce_prod", "ReducerOptions"),
+        "GELU": ("gelu", "GeluOptions"),
         "ADD": ("elementwise", "AddOptions", "Add"), "SUB": ("elementwise", "SubOptions", "Sub"),
         "MUL": ("elementwise", "MulOptions", "Mul"),
         "AVERAGE_POOL_2D": ("pool", "Pool2DOptions", "AveragePool"), "MAX_POOL_2D": ("pool", "Pool2DOptions", "MaxPool"),

@@ -39,6 +39,8 @@ _OPERATOR = {4: 4}  # opcode_index
 _OPCODE = {4: 1, 10: 4}  # deprecated_builtin_code, builtin_code
 _OPTIONS = {  # per options table: the fields tflite_ops reads
     "PackOptions": {4: 4, 6: 4},
+    "GatherOptions": {4: 4, 6: 4},
+    "GeluOptions": {4: 1},
     "TransposeConvOptions": {4: 1, 6: 4, 8: 4, 10: 1},
     "BatchMatMulOptions": {4: 1, 6: 1, 8: 1},
     "Conv2DOptions": {4: 1, 6: 4, 8: 4, 10: 1, 12: 4, 14: 4},
@@ -179,6 +181,7 @@ def _verify_tensor(w: _Walker, t: Table, k: int, buffers: int) -> None:
     if index >= buffers:
         w.fail(f"{what} has buffer index {index}, but the model has {buffers} buffers")
     w.string(t, 10, f"{what}'s name")
+    w.vector(t, 18, 4, f"{what}'s shape signature")  # (read to tell a dynamic dimension)
     if t.Offset(16):
         w.read("<I", t.Pos + t.Offset(16), f"{what}'s sparsity")  # only its presence is read
     at = w.target(t, 12, f"{what}'s quantization")

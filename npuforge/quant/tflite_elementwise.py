@@ -1,8 +1,10 @@
-"""Two LiteRT int8 kernels that TensorFlow's converter writes for a Keras layer normalization
-(``mean``, ``SQUARED_DIFFERENCE``, ``mean``, ``+ eps``, ``RSQRT``, ...), as the integer program
-an int8 ``.tflite`` import gives them: bit for bit with LiteRT (tests/test_tflite_import.py,
-benchmarks/tflite_int8_import.py).
+"""LiteRT int8 kernels that TensorFlow's converter writes (a Keras layer normalization is ``mean``,
+``SQUARED_DIFFERENCE``, ``mean``, ``+ eps``, ``RSQRT``, ...; ConvNeXt's activation is GELU), as the
+integer program an int8 ``.tflite`` import gives them: bit for bit with LiteRT
+(tests/test_tflite_import.py, benchmarks/tflite_int8_import.py).
 
+* GELU (``activations.cc``): LUTPopulate's table: each code dequantized in float32, LiteRT's
+  float32 GELU (erf, or the tanh approximation), times ``1 / s_y``, rounded half away from zero.
 * RSQRT (``elementwise.cc``): a table over the 256 input codes: ``v = x - zp_x``; 127 where v is 0
   (and where it is negative, which LiteRT refuses at run time); else gemmlowp's inverse square
   root of v (``inv_sqrt_multiplier``) applied to 1 shifted up 20 bits, then the multiplier of
@@ -45,6 +47,24 @@ def rsqrt_table(xq, yq) -> np.ndarray:
     data = _mbqm(np.ones_like(value), inv_a, inv_b + 20)
     out = _mbqm(data, int(mult), int(shift) - 20) + int(yq.zero_point)
     return np.where(value > 0, np.clip(out, -128, 127), 127).astype(np.int8)
+
+
+def _gelu_f32(x: torch.Tensor, approximate: bool) -> torch.Tensor:
+    """LiteRT's GeluTransform / GeluTransformApproximate, in float32 as its C++ computes them."""
+    if approximate:
+        inner = torch.tensor(np.float32(2 / np.sqrt(np.pi) * np.sqrt(0.5))) * (x + torch.tensor(np.float32(0.044715)) * x * x * x)
+        return (0.5 * x) * (1 + torch.tanh(inner))
+    return (0.5 * x) * (1 + torch.erf(x * torch.tensor(np.float32(np.sqrt(0.5)))))
+
+
+def gelu_table(xq, yq, approximate: bool) -> np.ndarray:
+    """LiteRT's int8 GELU: LUTPopulate over every code (float32 dequantization, the transform, times
+    1 / s_y in float32, rounded half away from zero, plus zp_y, saturated)."""
+    codes = np.arange(-128, 128, dtype=np.int64)
+    x = torch.from_numpy((_F32(xq.scale) * (codes - int(xq.zero_point)).astype(np.float32)).astype(np.float32))
+    y = _gelu_f32(x, approximate).numpy() * (_F32(1) / _F32(yq.scale))
+    out = np.sign(y) * np.floor(np.abs(y) + _F32(0.5)) + int(yq.zero_point)
+    return np.clip(out, -128, 127).astype(np.int8)
 
 
 def quantize_integers(graph, node, add) -> None:
