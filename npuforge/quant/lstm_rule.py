@@ -26,7 +26,7 @@ cell state at scale 2^cell_scale:
 With layer normalization (int16 coefficients per gate) each gate's pre-activation is held at
 its own scale (the file's intermediate tensors 0-3), normalized over the cell units in
 integers (a mean and variance with 10 fractional bits, gemmlowp's inverse square root by
-Newton-Raphson: :func:`inv_sqrt_multiplier`), scaled by the coefficients, the gate bias
+Newton-Raphson: :func:`npuforge.quant.gemmlowp.inv_sqrt_multiplier`), scaled by the coefficients, the gate bias
 added, and requantized to Q3.12; the biases then stay out of the products.
 """
 
@@ -38,90 +38,14 @@ import numpy as np
 import torch
 
 from ..errors import NpuforgeError, UnsupportedError
-from ..sim.int_ops import requantize_fixedpoint
-from .fixedpoint import c_div, doubling_high_mul, rdbp
+from ..sim.int_ops import requantize_fixedpoint, rounding_divide_by_pot
+from . import gemmlowp
 from .requant import quantize_multiplier
 
 GATES = "ifco"  # LiteRT's order: input, forget, cell, output
 
 
-# -- gemmlowp's int16 fixed-point logistic and tanh (fixedpoint.h), on int64 arrays ------------------
-
-def _w16(x) -> np.ndarray:
-    """Wrap to int16, as the C++ int16 arithmetic stores a sum."""
-    return ((np.asarray(x, np.int64) + 32768) & 0xFFFF) - 32768
-
-
-def _srdhm(a, b) -> np.ndarray:
-    return doubling_high_mul(a, b, bits=16)
-
-
-def _mul_pot(x, exponent: int) -> np.ndarray:
-    """SaturatingRoundingMultiplyByPOT on int16: a saturating left shift or a rounding right shift."""
-    if exponent > 0:
-        return np.clip(np.asarray(x, np.int64) << exponent, -32768, 32767)
-    return rdbp(x, -exponent) if exponent < 0 else np.asarray(x, np.int64)
-
-
-def _const(int32_value: int) -> int:
-    """GEMMLOWP_CHECKED_FIXEDPOINT_CONSTANT for int16: the int32 constant rounded 16 bits right."""
-    return int(rdbp(int32_value, 16))
-
-
-def _exp_on_quarter(a: np.ndarray) -> np.ndarray:
-    """exp(a) for a in [-1/4, 0), Q0.15: the Taylor expansion around -1/8."""
-    term, third = _const(1895147668), _const(715827883)
-    x = _w16(a + (1 << 12))
-    x2 = _srdhm(x, x)
-    x3 = _srdhm(x2, x)
-    x4 = _srdhm(x2, x2)
-    inner = _w16(_srdhm(_w16(_mul_pot(x4, -2) + x3), third) + x2)
-    return np.clip(term + _srdhm(term, _w16(x + _mul_pot(inner, -1))), -32768, 32767)
-
-
-_BARREL = ((-2, 1672461947), (-1, 1302514674), (0, 790015084), (1, 290630308), (2, 39332535), (3, 720401),
-           (4, 242))  # exp(-2^k) in Q0.31
-
-
-def _exp_on_negative(a: np.ndarray, integer_bits: int) -> np.ndarray:
-    """exp(a) for a <= 0 given with ``integer_bits`` integer bits, Q0.15."""
-    frac = 15 - integer_bits
-    quarter = 1 << (frac - 2)
-    a_mod = _w16((a & (quarter - 1)) - quarter)
-    result = _exp_on_quarter(_mul_pot(a_mod, integer_bits))
-    remainder = _w16(a_mod - a)
-    for exponent, multiplier in _BARREL:
-        if integer_bits > exponent:
-            hit = (remainder & (1 << (frac + exponent))) != 0
-            result = np.where(hit, _srdhm(result, _const(multiplier)), result)
-    if integer_bits > 5:
-        result = np.where(a < _const(-(1 << (36 - integer_bits))), 0, result)
-    return np.where(a == 0, 32767, result)
-
-
-def _newton_reciprocal(a: np.ndarray) -> np.ndarray:
-    """Three Newton-Raphson steps towards 1 / (1 + a) for a in (0, 1): x in Q2.13."""
-    total = a + 32767
-    half = c_div(total + np.where(total >= 0, 1, -1), 2)  # RoundingHalfSum(a, One)
-    x = _w16(_const(1515870810) + _srdhm(half, _const(-1010580540)))
-    for _ in range(3):
-        x = _w16(x + _mul_pot(_srdhm(x, _w16(8192 - _srdhm(half, x))), 2))
-    return x
-
-
-def _logistic(a: np.ndarray, integer_bits: int) -> np.ndarray:
-    positive = a > 0
-    magnitude = np.where(positive, a, _w16(-a))
-    on_positive = _mul_pot(_newton_reciprocal(_exp_on_negative(_w16(-magnitude), integer_bits)), 1)
-    return np.where(a == 0, _const(1 << 30), np.where(positive, on_positive, _w16(32767 - on_positive)))
-
-
-def _tanh(a: np.ndarray, integer_bits: int) -> np.ndarray:
-    negative = a < 0
-    n = np.where(negative, a, _w16(-a))
-    t = _mul_pot(_w16(_newton_reciprocal(_exp_on_negative(n, integer_bits + 1)) - 8192), 2)
-    return np.where(a == 0, 0, np.where(negative, _w16(-t), t))
-
+# -- gemmlowp's int16 logistic and tanh as tables of every input -------------------------------------
 
 _ALL16 = np.arange(-32768, 32768, dtype=np.int64)
 
@@ -129,55 +53,17 @@ _ALL16 = np.arange(-32768, 32768, dtype=np.int64)
 @cache
 def logistic_q15(integer_bits: int = 3) -> torch.Tensor:
     """gemmlowp's logistic of every int16 input with ``integer_bits`` integer bits -> Q0.15 (int64)."""
-    return torch.from_numpy(_logistic(_ALL16, integer_bits))
+    return torch.from_numpy(gemmlowp.logistic(_ALL16, integer_bits, 16))
 
 
 @cache
 def tanh_q15(integer_bits: int) -> torch.Tensor:
     """gemmlowp's tanh of every int16 input with ``integer_bits`` integer bits (0..6) -> Q0.15."""
-    return torch.from_numpy(_tanh(_ALL16, integer_bits))
+    return torch.from_numpy(gemmlowp.tanh(_ALL16, integer_bits, 16))
 
 
 def _lookup(table: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return table[x + 32768]
-
-
-# -- gemmlowp's int32 inverse square root (TFLite's GetInvSqrtQuantizedMultiplierExp) ------------------
-
-def _sat_shift32(x: np.ndarray, exponent: int) -> np.ndarray:
-    return np.clip(np.asarray(x, np.int64) << exponent, -2**31, 2**31 - 1)
-
-
-def _w32(x) -> np.ndarray:
-    return ((np.asarray(x, np.int64) + 2**31) & 0xFFFFFFFF) - 2**31
-
-
-def inv_sqrt_multiplier(value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """1 / sqrt(value) of positive int32 values as (multiplier, left shift) for
-    MultiplyByQuantizedMultiplier: a normalization to [2^27, 2^29) by bit pairs, five
-    Newton-Raphson steps in Q3.28, times sqrt(2) / 2 (the reverse_shift -1 form)."""
-    value = np.asarray(value, np.int64)
-    small = value <= 1
-    x_in = np.where(small, 2, value)
-    shift = np.full(x_in.shape, 11, np.int64)
-    while np.any(x_in >= 1 << 29):
-        big = x_in >= 1 << 29
-        x_in = np.where(big, x_in // 4, x_in)
-        shift = shift + big
-    leading = 32 - np.frexp(x_in.astype(np.float64))[1]  # CountLeadingZeros of a uint32
-    pairs = (leading - 1) // 2 - 1
-    shift = shift - pairs
-    x_in = x_in << (2 * pairs)
-    half_input = rdbp(x_in >> 1, 1)
-    half_three = (1 << 28) + (1 << 27)
-    x = np.full(x_in.shape, 1 << 28, np.int64)
-    for _ in range(5):
-        x3 = _sat_shift32(doubling_high_mul(doubling_high_mul(x, x), x), 6)
-        x = _sat_shift32(_w32(doubling_high_mul(half_three, x) - doubling_high_mul(half_input, x3)), 3)
-    x = doubling_high_mul(x, 1518500250)
-    x = np.where(shift < 0, x << np.maximum(-shift, 0), x)
-    shift = np.maximum(shift, 0)
-    return np.where(small, 2**31 - 1, x), np.where(small, 0, -shift)
 
 
 def _layer_norm(pre: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor, mult, shift, guard: int) -> torch.Tensor:
@@ -187,7 +73,7 @@ def _layer_norm(pre: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor, mu
     mean = _c_div_t(total * 1024, n)
     variance = _c_div_t(squares * ((1 << 20) // n) - mean * mean, 1 << 20)
     variance = torch.where(variance < 1, guard, variance)
-    inv_a, inv_b = inv_sqrt_multiplier(variance.numpy())
+    inv_a, inv_b = gemmlowp.inv_sqrt_multiplier(variance.numpy())
     rescaled = requantize_fixedpoint(1024 * pre - mean, torch.from_numpy(inv_a), torch.from_numpy(inv_b))
     val3 = rescaled * weights + bias
     val4 = _c_div_t(torch.where(val3 > 0, val3 + 512, val3 - 512), 1024)
@@ -328,9 +214,9 @@ def integer_forward(sim, node, env) -> list:
         i = gate("i", x_t, h, c) if "i" in gates else None
         f = gate("f", x_t, h, c)
         g = gate("c", x_t, h, c)
-        c = rdbp_t(f * c, 15)
+        c = rounding_divide_by_pot(f * c, 15)
         i = 32767 - f if i is None else i
-        c = _sat16(c + _wrap16_t(rdbp_t(i * g, 30 + a["cell_scale_log2"])))
+        c = _sat16(c + _wrap16_t(rounding_divide_by_pot(i * g, 30 + a["cell_scale_log2"])))
         if cell_clip > 0:
             c = c.clamp(-cell_clip, cell_clip)
         o = gate("o", x_t, h, c)
@@ -345,13 +231,6 @@ def integer_forward(sim, node, env) -> list:
         outs.append(h)
     y = torch.stack(outs, 0 if a["time_major"] else 1)
     return [y.to(torch.int8)]
-
-
-def rdbp_t(x: torch.Tensor, exponent: int) -> torch.Tensor:
-    """RoundingDivideByPOT on int64 tensors: x / 2^e rounded half away from zero."""
-    if exponent <= 0:
-        return x
-    return (x + (1 << (exponent - 1)) - (x < 0).to(torch.int64)) >> exponent
 
 
 def _wrap16_t(x: torch.Tensor) -> torch.Tensor:

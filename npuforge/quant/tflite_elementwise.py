@@ -23,7 +23,7 @@ import torch
 
 from ..sim.int_ops import requantize_fixedpoint
 from .fixedpoint import doubling_high_mul, rdbp
-from .lstm_rule import inv_sqrt_multiplier
+from .gemmlowp import inv_sqrt_multiplier
 from .requant import quantize_multiplier
 
 _F32 = np.float32

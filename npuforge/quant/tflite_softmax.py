@@ -18,64 +18,28 @@ import numpy as np
 import torch
 
 from ..errors import NpuforgeError
-from .fixedpoint import c_div, doubling_high_mul as srdhm, rdbp
+from . import gemmlowp
+from .fixedpoint import doubling_high_mul as srdhm, rdbp
 from .params import QParams
 from .requant import quantize_multiplier
 
 SCALED_DIFF_BITS = 5  # integer bits of the rescaled difference (Q5.26)
 ACCUMULATION_BITS = 12  # integer bits of the sum of exps (Q12.19)
-INT32_MAX, INT32_MIN = 2**31 - 1, -(2**31)
-
-
-def _sat_shift(x, e: int) -> np.ndarray:
-    """SaturatingRoundingMultiplyByPOT with a positive exponent: a saturating left shift."""
-    return np.clip(np.asarray(x, np.int64) << e, INT32_MIN, INT32_MAX)
 
 
 def _wrap(x) -> np.ndarray:
     """int32 wrap-around of raw fixed-point additions (gemmlowp adds raw int32 values)."""
-    return ((np.asarray(x, np.int64) + 2**31) % 2**32) - 2**31
-
-
-def _exp_on_interval(a: np.ndarray) -> np.ndarray:
-    """exp(a) for a Q0.31 a in [-1/4, 0): Taylor around -1/8."""
-    constant_term, one_third = 1895147668, 715827883  # exp(-1/8), 1/3 in Q0.31
-    x = _wrap(a + (1 << 28))
-    x2 = srdhm(x, x)
-    x3 = srdhm(x2, x)
-    x4 = srdhm(x2, x2)
-    x4_over_4 = rdbp(x4, 2)
-    poly = rdbp(_wrap(srdhm(_wrap(x4_over_4 + x3), one_third) + x2), 1)
-    return _wrap(constant_term + srdhm(constant_term, _wrap(x + poly)))
-
-
-BARREL = ((-2, 1672461947), (-1, 1302514674), (0, 790015084), (1, 290630308), (2, 39332535), (3, 720401), (4, 242))
+    return gemmlowp.wrap(x, 32)
 
 
 def exp_on_negative_values(a: np.ndarray) -> np.ndarray:
     """gemmlowp's exp of a non-positive Q5.26 value, as Q0.31."""
-    frac = 31 - SCALED_DIFF_BITS
-    quarter = 1 << (frac - 2)
-    a_mod = _wrap((a & (quarter - 1)) - quarter)
-    result = _exp_on_interval(_sat_shift(a_mod, SCALED_DIFF_BITS))
-    remainder = _wrap(a_mod - a)
-    for exponent, multiplier in BARREL:
-        if SCALED_DIFF_BITS > exponent:
-            bit = (remainder & (1 << (frac + exponent))) != 0
-            result = np.where(bit, srdhm(result, multiplier), result)
-    return np.where(a == 0, INT32_MAX, result)
+    return gemmlowp.exp_on_negative(a, SCALED_DIFF_BITS, 32)
 
 
 def one_over_one_plus_x(a: np.ndarray) -> np.ndarray:
     """1 / (1 + a) for a Q0.31 a in [0, 1), as Q0.31 (Newton-Raphson in Q2.29)."""
-    s = a + INT32_MAX
-    half_denominator = c_div(s + np.where(s >= 0, 1, -1), 2)  # RoundingHalfSum(a, One)
-    x = _wrap(1515870810 + srdhm(half_denominator, -1010580540))  # 48/17 - 32/17 * d, Q2.29
-    one = 1 << 29
-    for _ in range(3):
-        hd_x = srdhm(half_denominator, x)
-        x = _wrap(x + _sat_shift(srdhm(x, _wrap(one - hd_x)), 2))
-    return _sat_shift(x, 1)
+    return gemmlowp.one_over_one_plus_x(a, 32)
 
 
 def reciprocal(total: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
