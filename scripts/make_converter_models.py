@@ -65,7 +65,29 @@ MODELS = {
     "attention": lambda: _attention(False),
     "attention_layernorm": lambda: _attention(True),
     "unet_like": lambda: _unet(),  # (defined below)
+    "activations": lambda: _seq((8, 8, 4), L.Conv2D(8, 3, padding="same"), L.LeakyReLU(0.2), L.Conv2D(8, 1),
+                                L.PReLU(shared_axes=[1, 2]), L.Conv2D(8, 1, activation="swish"),
+                                L.Conv2D(8, 1, activation="hard_sigmoid"), L.Conv2D(4, 1, activation="tanh")),
+    "pools_and_pads": lambda: _seq((16, 16, 3), L.ZeroPadding2D(1), L.Conv2D(8, 3), L.Cropping2D(((1, 0), (0, 1))),
+                                   L.MaxPooling2D(2), L.UpSampling2D(), L.GlobalMaxPooling2D(), L.Dense(4)),
+    "merge_layers": lambda: _merge(),
+    "embedding": lambda: _embedding(),
 }
+
+
+def _merge():
+    inp = K.Input(shape=(8, 8, 3), batch_size=1)
+    a = L.Conv2D(6, 1)(inp)
+    b = L.Conv2D(6, 3, padding="same")(inp)
+    x = L.Concatenate()([L.Maximum()([a, b]), L.Minimum()([a, b]), L.Average()([a, b]), L.Subtract()([a, b])])
+    x = L.Permute((3, 1, 2))(x)
+    return K.Model(inp, L.Dense(5)(L.Flatten()(x)))
+
+
+def _embedding():
+    inp = K.Input(shape=(10,), batch_size=1, dtype="int32")
+    x = L.Embedding(50, 16)(inp)
+    return K.Model(inp, L.Dense(4)(L.GlobalAveragePooling1D()(x)))
 
 
 def _unet():
@@ -80,17 +102,19 @@ def _unet():
 
 def convert(model) -> bytes:
     shape = [1] + list(model.input_shape[1:])
+    ids = model.inputs[0].dtype == tf.int32  # token ids: calibrated on ids, left int32 by the converter
     conv = tf.lite.TFLiteConverter.from_keras_model(model)
     conv.optimizations = [tf.lite.Optimize.DEFAULT]
     rng = np.random.default_rng(0)
 
     def representative():
         for _ in range(16):
-            yield [rng.uniform(-1, 1, shape).astype(np.float32)]
+            yield [rng.integers(0, 50, shape).astype(np.int32) if ids else rng.uniform(-1, 1, shape).astype(np.float32)]
 
     conv.representative_dataset = representative
     conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    conv.inference_input_type = tf.int8
+    if not ids:  # (the converter keeps an int32 input as it is)
+        conv.inference_input_type = tf.int8
     conv.inference_output_type = tf.int8
     return conv.convert()
 

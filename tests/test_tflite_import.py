@@ -128,6 +128,12 @@ FLOAT_CASES = {
                                       [_w(5, 6), _w(5)], dict(KeepNumDims=True, FusedActivationFunction=1)),
     "fully_connected_keep_num_dims_4d": ("FULLY_CONNECTED", "FullyConnectedOptions", S, (1, 5, 6, 4),
                                          [_w(4, 3), _w(4)], dict(KeepNumDims=True)),
+    "leaky_relu": ("LEAKY_RELU", "LeakyReluOptions", S, S, [], dict(Alpha=0.2)),
+    "maximum_broadcast": ("MAXIMUM", None, S, S, [_w(3)], {}),
+    "minimum_broadcast": ("MINIMUM", None, S, S, [_w(6, 1)], {}),
+    "reduce_max_hw": ("REDUCE_MAX", "ReducerOptions", S, (1, 3), [_i32(1, 2)], dict(KeepDims=False)),
+    "reduce_max_hw_keep": ("REDUCE_MAX", "ReducerOptions", S, (1, 1, 1, 3), [_i32(1, 2)], dict(KeepDims=True)),
+    "reduce_min_channels": ("REDUCE_MIN", "ReducerOptions", S, (1, 5, 6), [_i32(-1)], dict(KeepDims=False)),
     "average_pool_same": ("AVERAGE_POOL_2D", "Pool2DOptions", S, (1, 3, 3, 3), [],
                           dict(Padding=0, StrideH=2, StrideW=2, FilterHeight=3, FilterWidth=3)),
     "max_pool_same_relu": ("MAX_POOL_2D", "Pool2DOptions", S, (1, 3, 2, 3), [],
@@ -500,6 +506,23 @@ def test_a_keras_tensordot_reshape_of_placeholder_shape_takes_its_computed_shape
     assert max(max(assert_float_matches(model, graph, seed)) for seed in (0, 1)) < 1e-5
 
 
+def test_gather_of_a_table_by_token_ids_matches_litert():
+    """An embedding: GATHER of a constant table by int32 ids (a graph input), float and int8 (codes copied)."""
+    for quant in (None, TensorQuant(np.array([0.02], np.float32), np.array([3]))):
+        w = TFLiteWriter()
+        ids = w.tensor("ids", (1, 7), "int32")
+        table = _w(20, 6) if quant is None else _rng.integers(-128, 128, (20, 6)).astype(np.int8)
+        t = w.tensor("table", (20, 6), "float32" if quant is None else "int8", data=table, quant=quant)
+        y = w.tensor("y", (1, 7, 6), "float32" if quant is None else "int8", quant=quant)
+        w.operator(BuiltinOperator.GATHER, [t, ids], [y], "GatherOptions", BuiltinOptions.GatherOptions, Axis=0)
+        model = w.finish([ids], [y])
+        graph = import_tflite(model, "embedding")
+        x = np.random.default_rng(0).integers(0, 20, (1, 7)).astype(np.int32)
+        theirs = litert_float(model, [x])[0] if quant is None else litert_run(model, [x])[0]
+        ours = graph.run({"ids": x}) if quant is None else IntegerSimulator(graph).run({"ids": x}, dequantize=False)
+        np.testing.assert_array_equal(ours[graph.outputs[0]], theirs)
+
+
 def test_shape_arithmetic_of_a_keras_reshape_folds_at_import():
     """Keras' Reshape of a squeeze-excite: SHAPE, STRIDED_SLICE (shrink) and PACK compute the shape the
     file already has; folded at import, the RESHAPE is what is left (float against LiteRT)."""
@@ -588,6 +611,8 @@ INT8_CASES = {
     "transpose_conv_same": (lambda: nn.Sequential(nn.ConvTranspose2d(6, 8, 3, 2, 1, output_padding=1), nn.ReLU()),
                             [(1, 6, 5, 7)]),
     "transpose_conv_valid_k2": (lambda: nn.ConvTranspose2d(6, 4, 2, 2), [(1, 6, 5, 5)]),
+    "leaky_relu": (lambda: Lambda(lambda x: torch.nn.functional.leaky_relu(x * 1.5, 0.1)), [(1, 4, 6, 6)]),
+    "reduce_max_min": (lambda: Lambda(lambda x: x.amax((2, 3)) - x.amin(1).mean((1, 2))[:, None]), [(1, 6, 5, 4)]),
     "batch_matmul_heads": (lambda: Lambda(lambda a, b: torch.softmax(a @ b.transpose(-1, -2), -1) @ b),
                            [(1, 2, 6, 8), (1, 2, 5, 8)]),
 }

@@ -416,9 +416,17 @@ class _Importer(OperatorRules, RecurrentRules, CustomRules):
                     self.op_name(users[0]) == "QUANTIZE" and t not in outputs:
                 self.skip.add(users[0])
                 t = self.op_tensors(users[0])[1][0]
+            elif self.dtype(t) in ("int32", "int64"):  # token ids: integers, no parameters
+                self.at = f"graph input '{self.tname(t)}'"
+                name = self.fresh(self.tname(t))
+                self.graph.values[name] = Value(name, self.dtype(t), ir_shape(self.file_shape(t)))
+                self.infos[name] = TensorInfo(self.dtype(t), self.graph.values[name].shape)
+                self.names[t] = name
+                inputs.append(name)
+                continue
             elif self.dtype(t) not in ("float32", "int8") or (self.dtype(t) == "int8") != self.quantized:
                 raise UnsupportedError(f"{self.where}: graph input '{self.tname(t)}' is {self.dtype(t)}; npuforge "
-                                       f"imports float32 inputs, and int8 ones of int8 models")
+                                       f"imports float32 inputs, int8 ones of int8 models and integer ids")
             self.at = f"graph input '{self.tname(t)}'"
             name = self.add_value_input(t)
             inputs.append(name)

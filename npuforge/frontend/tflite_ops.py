@@ -263,6 +263,23 @@ class OperatorRules:
         d = self.emit("Sub", [a, b], suffix="difference").outputs[0]
         self.with_activation(Act.NONE, o, "Mul", [d, d])
 
+    def leaky_relu(self, ins, o, opt):
+        """LEAKY_RELU; an int8 file's with LiteRT's two requantizations (quant/tflite_tables.py)."""
+        self.with_activation(Act.NONE, o, "LeakyRelu", [self.value(ins[0])], {"alpha": float(opt.Alpha())})
+
+    def maximum_minimum(self, ins, o, opt, op):
+        """MAXIMUM / MINIMUM of two tensors. LiteRT's int8 kernels compare the codes, so an int8 file's
+        operands and output must share one grid (npuforge's rule then compares the codes too)."""
+        rank = len(self.file_shape(o))
+        if self.quantized:
+            yq = self.activation_q(o)
+            for i in ins[:2]:
+                q = self.qparams(i)
+                if q is None or not q.same_as(yq):
+                    self.refuse("compares operands quantized unlike its output (LiteRT compares the codes as they "
+                                "are), which npuforge does not import")
+        self.with_activation(Act.NONE, o, op, [self.value(i, rank) for i in ins[:2]])
+
     def gelu(self, ins, o, opt):
         """GELU (erf, or the tanh approximation); an int8 file's with LiteRT's table."""
         approximate = bool(opt.Approximate())
@@ -297,19 +314,21 @@ class OperatorRules:
         self.with_activation(opt.FusedActivationFunction(), o, "Concat", [self.value(i) for i in ins],
                              {"axis": self.axis(opt.Axis(), rank)})
 
-    def mean(self, ins, o, opt):
+    def mean(self, ins, o, opt, op: str = "ReduceMean"):
+        """MEAN (REDUCE_MAX / REDUCE_MIN: ``op``) over the file's axes, in the IR's order."""
         shape = self.file_shape(ins[0])
         rank = len(shape)
         axes = sorted({self.axis(int(a), rank) for a in self.const(ins[1], "axes").reshape(-1)})
         x, keep = self.value(ins[0]), bool(opt.KeepDims())
-        if rank == 4 and axes == [2, 3] and keep:
-            return self.with_activation(Act.NONE, o, "GlobalAveragePool", [x])
+        global_pool = {"ReduceMean": "GlobalAveragePool", "ReduceMax": "GlobalMaxPool"}.get(op)
+        if rank == 4 and axes == [2, 3] and keep and global_pool:
+            return self.with_activation(Act.NONE, o, global_pool, [x])
         kept_ir = [a for a in range(rank) if a not in axes]  # the result's axes, in IR order
         kept_file = [a for a in (IR_AXIS if rank == 4 else range(rank)) if a not in axes]
         if keep or kept_ir == kept_file:
-            return self.with_activation(Act.NONE, o, "ReduceMean", [x, self.int64s(f"{self.base}::axes", axes)],
+            return self.with_activation(Act.NONE, o, op, [x, self.int64s(f"{self.base}::axes", axes)],
                                         {"keepdims": int(keep)})
-        y = self.emit("ReduceMean", [x, self.int64s(f"{self.base}::axes", axes)], {"keepdims": 0},
+        y = self.emit(op, [x, self.int64s(f"{self.base}::axes", axes)], {"keepdims": 0},
                       quant=self.activation_q(o), suffix="mean").outputs[0]  # then to the file's axis order
         self.bind(o, self.transpose(y, [kept_ir.index(a) for a in kept_file], self.fresh(self.tname(o))))
 
@@ -435,13 +454,32 @@ class OperatorRules:
         """GATHER of integer constants (a shape's dims picked), folded at import."""
         values = self.integer_constants(ins[:2])
         if values is None:
-            self.refuse("gathers from tensors computed at run time; npuforge imports GATHER of shape constants only")
+            return self.embedding(ins, o, opt)
         params, indices = values
         axis = opt.Axis() % params.ndim if params.ndim else 0
         if opt.BatchDims() or np.any((indices < -params.shape[axis]) | (indices >= params.shape[axis])):
             self.bad(f"indices {indices.reshape(-1)[:8].tolist()} for an axis of {params.shape[axis]} "
                      f"(batch_dims {opt.BatchDims()})")
         self.fold(o, np.take(params, indices, axis=axis))
+
+    def embedding(self, ins, o, opt):
+        """GATHER of rows of a constant table by indices computed at run time (token ids): Gather, the
+        table's codes copied (an int8 file's output must share the table's grid)."""
+        table, indices = ins[:2]
+        if self.data(table) is None or self.data(indices) is not None or opt.BatchDims():
+            self.refuse("gathers from a tensor computed at run time, which npuforge does not import (it imports "
+                        "GATHER of a constant table by indices, and of shape constants)")
+        if self.dtype(indices) not in ("int32", "int64"):
+            self.bad(f"{self.dtype(indices)} indices")
+        rank = len(self.file_shape(table))
+        if rank == 4 or len(self.file_shape(o)) == 4:
+            self.refuse("gathers a 4-D table or into a 4-D output, which npuforge does not import")
+        q = self.activation_q(o)
+        if q is not None and not (self.qparams(table) is not None and self.qparams(table).same_as(q)):
+            self.refuse("gathers int8 rows quantized unlike its output (LiteRT copies the codes), which npuforge "
+                        "does not import")
+        self.with_activation(Act.NONE, o, "Gather", [self.value(table), self.value(indices)],
+                             {"axis": opt.Axis() % rank})
 
     def reduce_prod(self, ins, o, opt):
         """REDUCE_PROD of an integer constant (a shape's element count), folded at import."""
@@ -560,7 +598,8 @@ class OperatorRules:
     # the inputs each rule reads whatever the file says (the others are optional: a bias, PADV2's value)
     ARITY = {"conv": 2, "fully_connected": 2, "elementwise": 2, "mean": 2, "pad": 2, "transpose_op": 2,
              "prelu": 2, "resize": 2, "strided_slice": 4, "sequence_lstm": 20, "transpose_conv": 3,
-             "batch_matmul": 2, "squared_difference": 2, "gather": 2, "reduce_prod": 2}  # the rest: 1
+             "batch_matmul": 2, "squared_difference": 2, "gather": 2, "reduce_prod": 2,
+             "maximum_minimum": 2}  # the rest: 1
     SPARSE_INPUTS = ("sequence_lstm",)  # rules that read optional inputs anywhere in the list (-1: omitted)
 
     # builtin -> (method, options table, extra arguments)
@@ -571,7 +610,9 @@ class OperatorRules:
         "BATCH_MATMUL": ("batch_matmul", "BatchMatMulOptions"),
         "SQUARED_DIFFERENCE": ("squared_difference", None), "RSQRT": ("rsqrt", None),
         "GATHER": ("gather", "GatherOptions"), "REDUCE_PROD": ("reduce_prod", "ReducerOptions"),
-        "GELU": ("gelu", "GeluOptions"),
+        "GELU": ("gelu", "GeluOptions"), "LEAKY_RELU": ("leaky_relu", "LeakyReluOptions"),
+        "MAXIMUM": ("maximum_minimum", None, "Max"), "MINIMUM": ("maximum_minimum", None, "Min"),
+        "REDUCE_MAX": ("mean", "ReducerOptions", "ReduceMax"), "REDUCE_MIN": ("mean", "ReducerOptions", "ReduceMin"),
         "ADD": ("elementwise", "AddOptions", "Add"), "SUB": ("elementwise", "SubOptions", "Sub"),
         "MUL": ("elementwise", "MulOptions", "Mul"),
         "AVERAGE_POOL_2D": ("pool", "Pool2DOptions", "AveragePool"), "MAX_POOL_2D": ("pool", "Pool2DOptions", "MaxPool"),

@@ -40,7 +40,7 @@ _OPCODE = {4: 1, 10: 4}  # deprecated_builtin_code, builtin_code
 _OPTIONS = {  # per options table: the fields tflite_ops reads
     "PackOptions": {4: 4, 6: 4},
     "GatherOptions": {4: 4, 6: 4},
-    "GeluOptions": {4: 1},
+    "GeluOptions": {4: 1}, "LeakyReluOptions": {4: 4},
     "TransposeConvOptions": {4: 1, 6: 4, 8: 4, 10: 1},
     "BatchMatMulOptions": {4: 1, 6: 1, 8: 1},
     "Conv2DOptions": {4: 1, 6: 4, 8: 4, 10: 1, 12: 4, 14: 4},
