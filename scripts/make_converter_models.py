@@ -71,6 +71,18 @@ MODELS = {
     "pools_and_pads": lambda: _seq((16, 16, 3), L.ZeroPadding2D(1), L.Conv2D(8, 3), L.Cropping2D(((1, 0), (0, 1))),
                                    L.MaxPooling2D(2), L.UpSampling2D(), L.GlobalMaxPooling2D(), L.Dense(4)),
     "merge_layers": lambda: _merge(),
+    "conv_variants": lambda: _seq((12, 12, 4), L.Conv2D(8, 3, groups=2, padding="same"),
+                                  L.Conv2D(8, 3, dilation_rate=2, padding="same"),
+                                  L.DepthwiseConv2D(3, depth_multiplier=2, padding="same"),
+                                  L.SeparableConv2D(6, 3, strides=2, padding="same", depth_multiplier=2),
+                                  L.Conv2D(4, 3, strides=2, padding="valid"), L.Flatten(), L.Dense(3)),
+    "math_ops": lambda: _seq((6, 10), L.Dense(10), L.Lambda(lambda x: tf.abs(x) + tf.square(x)),
+                             L.Lambda(lambda x: tf.sqrt(x + 1.0) * tf.exp(-x)), L.Softmax(axis=1),
+                             L.Lambda(lambda x: tf.reduce_sum(x, axis=-1, keepdims=True) + x), L.Dense(4)),
+    "norms": lambda: _seq((8, 8, 8), L.Conv2D(8, 1), L.BatchNormalization(), L.Activation("relu"),
+                          L.GroupNormalization(groups=2), L.Conv2D(4, 1)),
+    "resizes": lambda: _seq((6, 6, 4), L.UpSampling2D(interpolation="nearest"), L.Resizing(9, 9),
+                            L.Resizing(5, 7, interpolation="nearest"), L.Conv2D(4, 1)),
     "embedding": lambda: _embedding(),
 }
 
