@@ -61,6 +61,7 @@ from ..quant.quantize import _quantize_node
 from .tflite_custom import CustomRules
 from .tflite_ops import IR_AXIS, TFLITE_CONFIG, TO_FILE, TO_IR, OperatorRules, ir_shape, orders_differ
 from .tflite_recurrent import RecurrentRules
+from .tflite_shapes import ShapeRules
 from .tflite_verify import read_sparsity, verify_model, verify_options
 
 _OP_NAMES = {code: name for name, code in vars(BuiltinOperator).items() if not name.startswith("_")}
@@ -88,7 +89,7 @@ class _NoOptions:
         return lambda: 0
 
 
-class _Importer(OperatorRules, RecurrentRules, CustomRules):
+class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
     def __init__(self, buf: bytes, where: str, name: str):
         self.buf, self.where = buf, where
         verify_model(buf, where)  # the generated accessors below check no offset themselves
