@@ -467,7 +467,8 @@ class _Exporter:
         """SquaredDifference (from an int8 .tflite): SQUARED_DIFFERENCE again, its integers LiteRT's."""
         if "multiplierout" not in node.quant:
             _refuse(node, "it has no integer multipliers (it was kept in float)")
-        self.op("SQUARED_DIFFERENCE", [self.operand(node, 0), self.operand(node, 1)], [self.activation(node.outputs[0])])
+        self.op("SQUARED_DIFFERENCE", [self.operand(node, 0), self.operand(node, 1)],
+                [self.activation(node.outputs[0])])
 
     def div(self, node):
         _refuse(node, "a Div by a computed value is written as a table of 1 / d and MUL only when quantized "

@@ -15,6 +15,7 @@ from .tflite_layout import refuse
 
 _FILE_DTYPE = {"W": "int8", "R": "int8", "P": "int8", "p": "int16", "b": "int32", "Pb": "int32", "ln": "int16"}
 _TANH = 4  # ActivationFunctionType.TANH
+_BIAS_CODES = {"Pb": "bias_P", **{f"b_{g}": f"bias_{g}" for g in "ifco"}}  # input -> its exact codes' role
 
 
 def sequence_lstm(ex, node) -> None:
@@ -32,8 +33,7 @@ def sequence_lstm(ex, node) -> None:
         dtype = _FILE_DTYPE[role.split("_")[0]]
         if not v.is_const or v.quant is None or v.quant.per_channel or v.quant.dtype != dtype:
             refuse(node, f"its input '{name}' is not a constant with one {dtype} scale (as an int8 .tflite gives it)")
-        role_codes = {"Pb": "bias_P", **{f"b_{g}": f"bias_{g}" for g in "ifco"}}.get(role)
-        codes = ex.stored(node, role_codes) if role_codes else v.quant.quantize(v.data)  # (biases: exact)
+        codes = ex.stored(node, _BIAS_CODES[role]) if role in _BIAS_CODES else v.quant.quantize(v.data)
         inputs.append(ex.const(name, codes, dtype, ex.quant(v.quant)))
     time_axis = 0 if a["time_major"] else 1
     batch = ex.dims(x)[1 - time_axis]

@@ -417,15 +417,8 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
                     self.op_name(users[0]) == "QUANTIZE" and t not in outputs:
                 self.skip.add(users[0])
                 t = self.op_tensors(users[0])[1][0]
-            elif self.dtype(t) in ("int32", "int64"):  # token ids: integers, no parameters
-                self.at = f"graph input '{self.tname(t)}'"
-                name = self.fresh(self.tname(t))
-                self.graph.values[name] = Value(name, self.dtype(t), ir_shape(self.file_shape(t)))
-                self.infos[name] = TensorInfo(self.dtype(t), self.graph.values[name].shape)
-                self.names[t] = name
-                inputs.append(name)
-                continue
-            elif self.dtype(t) not in ("float32", "int8") or (self.dtype(t) == "int8") != self.quantized:
+            elif self.dtype(t) not in ("int32", "int64") and (  # (int32 / int64: token ids, either model)
+                    self.dtype(t) not in ("float32", "int8") or (self.dtype(t) == "int8") != self.quantized):
                 raise UnsupportedError(f"{self.where}: graph input '{self.tname(t)}' is {self.dtype(t)}; npuforge "
                                        f"imports float32 inputs, int8 ones of int8 models and integer ids")
             self.at = f"graph input '{self.tname(t)}'"
@@ -435,9 +428,11 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
 
     def add_value_input(self, t: int) -> str:
         name = self.fresh(self.tname(t))
-        v = Value(name, "float32", ir_shape(self.file_shape(t)), quant=self.activation_q(t))
+        ids = self.dtype(t) in ("int32", "int64")  # token ids: integers as they are, no parameters
+        v = Value(name, self.dtype(t) if ids else "float32", ir_shape(self.file_shape(t)),
+                  quant=None if ids else self.activation_q(t))
         self.graph.values[name] = v
-        self.infos[name] = TensorInfo("float32", v.shape)
+        self.infos[name] = TensorInfo(v.dtype, v.shape)
         self.names[t] = name
         return name
 

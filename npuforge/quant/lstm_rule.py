@@ -70,20 +70,14 @@ def _layer_norm(pre: torch.Tensor, weights: torch.Tensor, bias: torch.Tensor, mu
     """LiteRT's integer layer normalization of int16 gate pre-activations (ApplyLayerNorm) -> Q3.12."""
     n = pre.shape[-1]
     total, squares = pre.sum(-1, keepdim=True), (pre * pre).sum(-1, keepdim=True)
-    mean = _c_div_t(total * 1024, n)
-    variance = _c_div_t(squares * ((1 << 20) // n) - mean * mean, 1 << 20)
+    mean = torch.div(total * 1024, n, rounding_mode="trunc")
+    variance = torch.div(squares * ((1 << 20) // n) - mean * mean, 1 << 20, rounding_mode="trunc")
     variance = torch.where(variance < 1, guard, variance)
     inv_a, inv_b = gemmlowp.inv_sqrt_multiplier(variance.numpy())
     rescaled = requantize_fixedpoint(1024 * pre - mean, torch.from_numpy(inv_a), torch.from_numpy(inv_b))
     val3 = rescaled * weights + bias
-    val4 = _c_div_t(torch.where(val3 > 0, val3 + 512, val3 - 512), 1024)
+    val4 = torch.div(torch.where(val3 > 0, val3 + 512, val3 - 512), 1024, rounding_mode="trunc")
     return _sat16(requantize_fixedpoint(val4, mult, shift + 12))
-
-
-def _c_div_t(num: torch.Tensor, den: int) -> torch.Tensor:
-    """C's integer division (toward zero) on int64 tensors."""
-    q = num.abs() // den
-    return torch.where(num < 0, -q, q)
 
 
 # -- the integers: LiteRT's Prepare ----------------------------------------------------------------
@@ -121,7 +115,7 @@ def quantize_integers(graph, node, add, raw: dict | None = None) -> None:
                                     q(name).quantize(graph.values[name].data), np.int64)
     for g in slots["gates"]:
         # each gate's pre-activation scale: the file's intermediate with layer normalization, else Q3.12
-        gate_scale = _F32(a["gate_scales"]["ifco".index(g)]) if norm else _F32(2.0**-12)
+        gate_scale = _F32(a["gate_scales"][GATES.index(g)]) if norm else _F32(2.0**-12)
         w, r = slots[f"W_{g}"], slots[f"R_{g}"]
         _multiplier(add, f"x_{g}", _F32(q(w).scale) * _F32(xq.scale) / gate_scale)
         _multiplier(add, f"h_{g}", _F32(q(r).scale) * _F32(hq.scale) / gate_scale)
@@ -161,9 +155,9 @@ def integer_forward(sim, node, env) -> list:
 
     slots = lstm_slots(node)
     a = node.attrs
-    integer = lambda role: torch.from_numpy(sim._int(node, role).astype(np.int64))  # noqa: E731
+    ints = {role: torch.from_numpy(sim._int(node, role).astype(np.int64)) for role in node.quant}  # (once)
     codes = lambda name: sim._as_codes(name, env).to(torch.int64)  # noqa: E731
-    R = lambda acc, role: requantize_fixedpoint(acc, integer(f"multiplier_{role}"), integer(f"shift_{role}"))  # noqa
+    R = lambda acc, role: requantize_fixedpoint(acc, ints[f"multiplier_{role}"], ints[f"shift_{role}"])  # noqa: E731
 
     x = codes(slots["x"])
     if a["time_major"]:
@@ -174,6 +168,7 @@ def integer_forward(sim, node, env) -> list:
     U = {g: codes(slots[f"R_{g}"]) for g in gates}
     peep = {g: codes(slots[f"p_{g}"]) for g in gates if slots.get(f"p_{g}")}
     norm = {g: codes(slots[f"ln_{g}"]) for g in gates if slots.get(f"ln_{g}")}
+    proj = codes(slots["P"]) if slots.get("P") else None
     n_cell, n_out = U["f"].shape
     cell_bits = 15 + a["cell_scale_log2"]
     sigmoid, tanh_gate = logistic_q15(3), tanh_q15(3)
@@ -183,15 +178,15 @@ def integer_forward(sim, node, env) -> list:
     if tanh_cell is None and "i" not in gates:
         raise NpuforgeError(f"node '{node.name}' (SequenceLSTM): a CIFG LSTM with a cell scale of "
                             f"2^{a['cell_scale_log2']}, whose output LiteRT leaves undefined")
-    cell_clip, proj_clip = int(integer("cell_clip")), int(integer("proj_clip"))
+    cell_clip, proj_clip = int(ints["cell_clip"]), int(ints["proj_clip"])
     # LiteRT stores o * tanh(c) as code - zp before a projection (whose bias adds zp back), as
     # code + zp when it is the output (measured against LiteRT 2.3.0: the two saturate differently)
-    hidden_offset = int(a["hidden_zero_point"]) * (-1 if slots.get("P") else 1)
+    hidden_offset = int(a["hidden_zero_point"]) * (-1 if proj is not None else 1)
     yq = sim._q(node.outputs[0])
 
     def gate(g, x_t, h, c):
-        pre = _sat16(R(x_t @ W[g].T + integer(f"bias_x_{g}"), f"x_{g}"))
-        pre = _sat16(R(h @ U[g].T + integer(f"bias_h_{g}"), f"h_{g}") + pre)
+        pre = _sat16(R(x_t @ W[g].T + ints[f"bias_x_{g}"], f"x_{g}"))
+        pre = _sat16(R(h @ U[g].T + ints[f"bias_h_{g}"], f"h_{g}") + pre)
         if g in peep:
             # LiteRT's peephole product walks n_output (not n_cell) elements per batch row over the
             # [batch, n_cell] arrays taken as one flat run; the same unless a projection narrows the
@@ -202,8 +197,8 @@ def integer_forward(sim, node, env) -> list:
             rows[:, k] = _sat16(R(peep[g][k % n_out] * cf[:, k], f"c_{g}") + rows[:, k])
             pre = rows.reshape(pre.shape)
         if g in norm:
-            pre = _layer_norm(pre, norm[g], integer(f"bias_{g}"), integer(f"multiplier_ln_{g}"),
-                              integer(f"shift_ln_{g}"), int(integer(f"variance_guard_{g}")))
+            pre = _layer_norm(pre, norm[g], ints[f"bias_{g}"], ints[f"multiplier_ln_{g}"],
+                              ints[f"shift_ln_{g}"], int(ints[f"variance_guard_{g}"]))
         return _lookup(tanh_gate if g == "c" else sigmoid, pre)
 
     h = torch.zeros(batch, n_out, dtype=torch.int64) + int(yq.zero_point)
@@ -222,8 +217,8 @@ def integer_forward(sim, node, env) -> list:
         o = gate("o", x_t, h, c)
         squashed = _lookup(tanh_cell, c) if tanh_cell is not None else i  # (LiteRT's, see above)
         hidden = (R(o * squashed, "hidden") + hidden_offset).clamp(-128, 127)
-        if slots.get("P"):
-            h = (R(hidden @ codes(slots["P"]).T + integer("bias_proj"), "proj") + int(yq.zero_point)).clamp(-128, 127)
+        if proj is not None:
+            h = (R(hidden @ proj.T + ints["bias_proj"], "proj") + int(yq.zero_point)).clamp(-128, 127)
             if proj_clip > 0:
                 h = h.clamp(-proj_clip, proj_clip)
         else:

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from ..sim.int_ops import requantize_fixedpoint
-from .fixedpoint import doubling_high_mul, rdbp
 from .gemmlowp import inv_sqrt_multiplier
 from .requant import quantize_multiplier
 
@@ -30,29 +29,22 @@ _F32 = np.float32
 SQUARED_DIFFERENCE_LEFT_SHIFT = 7
 
 
-def _mbqm(x, multiplier, shift) -> np.ndarray:
-    """MultiplyByQuantizedMultiplier on int64 arrays of int32 values (left shift, rounding doubling
-    high multiply, rounding right shift)."""
-    x = np.asarray(x, np.int64)
-    shift = np.asarray(shift, np.int64)
-    x = np.clip(x << np.maximum(shift, 0), -2**31, 2**31 - 1)
-    return rdbp(doubling_high_mul(x, multiplier), np.maximum(-shift, 0))
-
-
 def rsqrt_table(xq, yq) -> np.ndarray:
     """LiteRT's int8 RSQRT of every input code (-128..127) -> output codes."""
     mult, shift = quantize_multiplier(1.0 / np.float64(_F32(np.sqrt(_F32(xq.scale))) * _F32(yq.scale)))
     value = np.arange(-128, 128, dtype=np.int64) - int(xq.zero_point)
     inv_a, inv_b = inv_sqrt_multiplier(np.maximum(value, 1))
-    data = _mbqm(np.ones_like(value), inv_a, inv_b + 20)
-    out = _mbqm(data, int(mult), int(shift) - 20) + int(yq.zero_point)
+    data = requantize_fixedpoint(torch.ones(value.shape, dtype=torch.int64), torch.from_numpy(inv_a),
+                                 torch.from_numpy(inv_b + 20))
+    out = requantize_fixedpoint(data, int(mult), int(shift) - 20).numpy() + int(yq.zero_point)
     return np.where(value > 0, np.clip(out, -128, 127), 127).astype(np.int8)
 
 
 def _gelu_f32(x: torch.Tensor, approximate: bool) -> torch.Tensor:
     """LiteRT's GeluTransform / GeluTransformApproximate, in float32 as its C++ computes them."""
     if approximate:
-        inner = torch.tensor(np.float32(2 / np.sqrt(np.pi) * np.sqrt(0.5))) * (x + torch.tensor(np.float32(0.044715)) * x * x * x)
+        cubic = x + torch.tensor(np.float32(0.044715)) * x * x * x
+        inner = torch.tensor(np.float32(2 / np.sqrt(np.pi) * np.sqrt(0.5))) * cubic
         return (0.5 * x) * (1 + torch.tanh(inner))
     return (0.5 * x) * (1 + torch.erf(x * torch.tensor(np.float32(np.sqrt(0.5)))))
 
