@@ -397,15 +397,33 @@ def vad_chunks(clip: np.ndarray, count: int) -> np.ndarray:
 
 # -------------------------------------------------------------------------------------- references
 
+MEDIAPIPE_GEOMETRY = (b"Landmarks2TransformMatrix", b"TransformTensorBilinear", b"TransformLandmarks")
+
+
 class Reference:
     """The model's own runtime, fed and read in npuforge's layout (NCHW for a TFLite model's 4-D tensors).
     A .tflite file with MediaPipe's Convolution2DTransposeBias runs in LiteRT as its builtin copy
-    (``with_builtin_transpose_conv``); ``note`` says so."""
+    (``with_builtin_transpose_conv``); one with MediaPipe's attention-mesh ops, which LiteRT has no
+    kernels for, in MediaPipe's own runtime (benchmarks/mediapipe_runtime.py, in the Python
+    ``--mediapipe-python`` names, photos only); ``note`` says so."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, mediapipe_python: str | None = None):
         self.path = path
         self.tflite = path.suffix == ".tflite"
         self.note = ""
+        self.mediapipe = None
+        if self.tflite and any(op in path.read_bytes() for op in MEDIAPIPE_GEOMETRY):
+            if not mediapipe_python:
+                raise RuntimeError("MediaPipe's attention-mesh ops have no LiteRT kernels: give --mediapipe-python")
+            import tflite
+
+            m = tflite.Model.GetRootAsModel(path.read_bytes(), 0)
+            sg = m.Subgraphs(0)
+            self.outputs = [(sg.Tensors(i).Name().decode(), tuple(sg.Tensors(i).ShapeAsNumpy()))
+                            for i in sg.OutputsAsNumpy()]
+            self.mediapipe = mediapipe_python
+            self.note = "MediaPipe 0.10.14's runtime (LiteRT has no kernels for its attention-mesh ops)"
+            return
         if self.tflite:
             from ai_edge_litert.interpreter import Interpreter
 
@@ -420,6 +438,30 @@ class Reference:
             self.it.allocate_tensors()
         else:
             self.sess = ort_session(path)
+
+    def run_all(self, feeds: list, names: list) -> list:
+        """``run`` of each feed dict; MediaPipe's runtime takes them all in one process, its outputs
+        named ``names`` (the graph's outputs, in the file's order: an output that is a no-op slice of
+        another tensor takes that tensor's name in the IR)."""
+        if self.mediapipe is None:
+            return [self.run(f) for f in feeds]
+        from mediapipe_runtime import run_mediapipe
+
+        x = np.concatenate([next(iter(f.values())) for f in feeds]).transpose(0, 2, 3, 1)  # NHWC in [0, 1]
+        images = np.round(x * 255)
+        if np.abs(images - x * 255).max() > 1e-3:
+            raise RuntimeError("MediaPipe's runtime is fed 8-bit images: the inputs must be photos in [0, 1]")
+        got = run_mediapipe(self.mediapipe, self.path, len(self.outputs), images.astype(np.uint8))
+        if np.abs(got["input"] - x.reshape(len(x), -1)).max() > 1e-6:
+            raise RuntimeError("MediaPipe's image-to-tensor step gave other inputs than the benchmark's")
+        outs = []
+        for k in range(len(feeds)):
+            out = {}
+            for i, (name, (_, shape)) in enumerate(zip(names, self.outputs)):
+                y = got[f"output{i}"][k].reshape(shape)
+                out[name] = y.transpose(0, 3, 1, 2) if y.ndim == 4 else y
+            outs.append(out)
+        return outs
 
     def run(self, feeds: dict) -> dict:
         if not self.tflite:
@@ -565,10 +607,10 @@ def bench(model: Model, path: Path, args, work: Path, audio: Audio | None, cal_p
             calib = [{inputs[0]: read_wav(calib_dir / f"{i:03d}.wav")[None]} for i in range(len(calib))]
 
     # 2. float against the reference runtime
-    ref = Reference(path)
+    ref = Reference(path, args.mediapipe_python)
     if ref.note:
         row["reference"] = ref.note
-    refs = [ref.run(f) for f in evals]
+    refs = ref.run_all(evals, names)
     try:
         outs = [graph.run(ours(f)) for f in evals]
         rel = err = 0.0
@@ -892,6 +934,8 @@ def main() -> int:
     ap.add_argument("--num-calib", type=int, default=16, help="calibration inputs per model (default 16)")
     ap.add_argument("--num-eval", type=int, default=6, help="held-out inputs per model (default 6)")
     ap.add_argument("--only", help="comma-separated model keys")
+    ap.add_argument("--mediapipe-python", help="a Python that imports mediapipe: the reference runtime of MediaPipe's "
+                                               "attention-mesh ops (benchmarks/mediapipe_runtime.py)")
     ap.add_argument("--list", action="store_true", help="list the models and exit")
     ap.add_argument("--json", type=Path, help="write the rows as JSON")
     ap.add_argument("--markdown", type=Path, help="write the table as Markdown")

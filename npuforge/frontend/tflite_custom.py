@@ -15,6 +15,15 @@ transposed convolution cropped by ``P // 2`` at the start (the rest at the end),
 added everywhere. That is the IR's ConvTranspose with pads ``[P // 2, P - P // 2]`` per
 axis and weights transposed to [I, O, KH, KW].
 
+MediaPipe's attention-mesh ops of version 2 (``landmarks_to_transform_matrix.cc``,
+``transform_tensor_bilinear.cc``, ``transform_landmarks.cc``, float32 only) become the IR's ops
+of :mod:`npuforge.ops.geometry`; their options are FlexBuffers maps:
+``Landmarks2TransformMatrix`` ([1, L, 3] landmarks -> [1, 4, 4]) reads subset_idxs (a typed
+vector of landmark indices, read in pairs; an odd count repeats its last), left_rotation_idx,
+right_rotation_idx, target_rotation_radians, output_height, output_width, scale_x, scale_y;
+``TransformTensorBilinear`` (NHWC features, matrix -> NHWC crop) output_height and
+output_width; ``TransformLandmarks`` ([1, L, 2 or 3], matrix) none.
+
 Every other custom operator is refused in one line naming it and the operator.
 """
 
@@ -37,7 +46,10 @@ _CUSTOM_OPTIONS = 14  # Operator.custom_options: its vtable slot
 class CustomRules:
     """The custom-op rules of the TFLite importer: custom_code -> method (options: None)."""
 
-    CUSTOM_HANDLERS = {"Convolution2DTransposeBias": ("transpose_conv_bias", None)}
+    CUSTOM_HANDLERS = {"Convolution2DTransposeBias": ("transpose_conv_bias", None),
+                       "Landmarks2TransformMatrix": ("landmarks_to_transform_matrix", None),
+                       "TransformTensorBilinear": ("transform_tensor_bilinear", None),
+                       "TransformLandmarks": ("transform_landmarks", None)}
     custom_index = -1  # the custom operator being imported (custom_options reads its bytes)
 
     def custom_handler(self, index: int) -> tuple | None:
@@ -101,3 +113,56 @@ class CustomRules:
                  "pads": [total[0] // 2, total[1] // 2, total[0] - total[0] // 2, total[1] - total[1] // 2]}
         self.compute(o, x, "ConvTranspose", [self.value(x)], attrs, Act.NONE, w.transpose(3, 0, 1, 2), w_i, b_i,
                      0)
+
+    # -- MediaPipe's attention-mesh geometry (version 2) ----------------------------------------
+    def geometry_options(self, ins, n_inputs: int, keys: dict) -> dict:
+        """The checks the three geometry ops share: their version (2), input count and float32 tensors;
+        -> their FlexBuffers options, each of ``keys`` (name -> kind: int, float or ints) present."""
+        version = self.model.OperatorCodes(self.sg.Operators(self.custom_index).OpcodeIndex()).Version()
+        if version != 2:
+            self.refuse(f"is version {version} of the op; npuforge imports MediaPipe's version 2")
+        if len(ins) != n_inputs:
+            self.bad(f"{len(ins)} inputs ({n_inputs} expected)")
+        if self.quantized or any(self.dtype(i) != "float32" for i in ins):
+            self.refuse("is on int8 tensors; MediaPipe's kernel is float32 only")
+        if not keys:
+            return {}
+        from flatbuffers import flexbuffers
+
+        try:
+            options = flexbuffers.Loads(self.custom_options())
+        except Exception:  # the FlexBuffers reader raises whatever the bytes lead it to
+            options = None
+        if not isinstance(options, dict):
+            self.bad("custom options that are not a FlexBuffers map")
+        kinds = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+                 "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+                 "ints": lambda v: isinstance(v, list) and bool(v) and all(kinds["int"](x) for x in v)}
+        for key, kind in keys.items():
+            if not kinds[kind](options.get(key)):
+                self.bad(f"no usable '{key}' in its custom options ({kind} expected)")
+        return options
+
+    def landmarks_to_transform_matrix(self, ins, o, opt):
+        keys = {"subset_idxs": "ints", "left_rotation_idx": "int", "right_rotation_idx": "int",
+                "target_rotation_radians": "float", "output_height": "int", "output_width": "int",
+                "scale_x": "float", "scale_y": "float"}
+        k = self.geometry_options(ins, 1, keys)
+        subset = list(k["subset_idxs"]) + list(k["subset_idxs"][-1:]) * (len(k["subset_idxs"]) % 2)
+        attrs = {"subset": subset, "left": k["left_rotation_idx"], "right": k["right_rotation_idx"],
+                 "target_rotation": float(k["target_rotation_radians"]),
+                 "output_size": [k["output_height"], k["output_width"]],
+                 "scale": [float(k["scale_x"]), float(k["scale_y"])]}
+        node = self.emit("LandmarksToTransformMatrix", [self.value(ins[0])], attrs, out=self.fresh(self.tname(o)))
+        self.bind(o, node.outputs[0])
+
+    def transform_tensor_bilinear(self, ins, o, opt):
+        k = self.geometry_options(ins, 2, {"output_height": "int", "output_width": "int"})
+        node = self.emit("TransformTensorBilinear", [self.value(ins[0]), self.value(ins[1])],
+                         {"output_size": [k["output_height"], k["output_width"]]}, out=self.fresh(self.tname(o)))
+        self.bind(o, node.outputs[0])
+
+    def transform_landmarks(self, ins, o, opt):
+        self.geometry_options(ins, 2, {})
+        node = self.emit("TransformLandmarks", [self.value(ins[0]), self.value(ins[1])], out=self.fresh(self.tname(o)))
+        self.bind(o, node.outputs[0])

@@ -214,8 +214,8 @@ def all_ops() -> dict[str, Op]:
 def _load_all() -> None:
     # Importing the op modules runs their @register decorators.
     from . import (  # noqa: F401
-        activation, conv, elementwise, indexing, layout, linear, logic, math, normalization, pool, recurrent, reduce,
-        resize, selection, shape_ops, tensor,
+        activation, conv, elementwise, geometry, indexing, layout, linear, logic, math, normalization, pool, recurrent,
+        reduce, resize, selection, shape_ops, tensor,
     )
 
 

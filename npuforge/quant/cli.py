@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..errors import NpuforgeError
+from ..errors import NpuforgeError, UnsupportedError
 from ..argtypes import positive_int
 from ..outputs import ir_set
 from ..workflow import add_preprocess_options
@@ -110,21 +110,32 @@ def _names(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def write_quantized(qgraph, out: Path) -> None:
+def write_quantized(qgraph, out: Path) -> str:
     """The quantized IR at ``out``, its weights and its QDQ ONNX file beside it. Everything is
-    written beside the target first, then renamed: a failure leaves no half-written set."""
+    written beside the target first, then renamed: a failure leaves no half-written set. A model
+    with an op that has no ONNX form (MediaPipe's geometry ops) gets no QDQ file, and an older one
+    at that name is removed (it would be another model's); -> what was written, for the report."""
     from .. import save
     from ..export import to_qdq_onnx
 
-    qdq = to_qdq_onnx(qgraph)
+    try:
+        qdq, why = to_qdq_onnx(qgraph), ""
+    except UnsupportedError as e:
+        qdq, why = None, str(e)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         staged = Path(tmp) / out.name
         save(qgraph, staged)
-        staged.with_suffix(".onnx").write_bytes(qdq.SerializeToString())
+        if qdq is not None:
+            staged.with_suffix(".onnx").write_bytes(qdq.SerializeToString())
         for suffix in ("", ".safetensors", ".onnx"):
             src = staged.with_suffix(suffix) if suffix else staged
-            os.replace(src, out.with_suffix(suffix) if suffix else out)
+            if src.exists():
+                os.replace(src, out.with_suffix(suffix) if suffix else out)
+    if qdq is None:
+        out.with_suffix(".onnx").unlink(missing_ok=True)
+        return f"{out}, {out.with_suffix('.safetensors')} (no QDQ file: {why})"
+    return f"{out}, {out.with_suffix('.safetensors')}, {out.with_suffix('.onnx')} (QDQ)"
 
 
 def _climb(args, graph, dataset, config: QuantConfig, out: Path) -> int:
@@ -142,7 +153,7 @@ def _climb(args, graph, dataset, config: QuantConfig, out: Path) -> int:
     qgraph, rows = climb(optimize(graph)[0], dataset, config, args.target_drop, held_out=args.held_out,
                          num_calib=args.num_calib, batch_size=args.batch_size, qat_epochs=args.qat_epochs,
                          log=stderr_log)
-    write_quantized(qgraph, out)
+    written = write_quantized(qgraph, out)
     winner = next((r for r in rows if r["met"]), max(rows, key=lambda r: r["top1"]))
     if args.json:
         print(json.dumps({"model": args.model, "output": str(out), "target_drop": args.target_drop, "rungs": rows,
@@ -151,7 +162,7 @@ def _climb(args, graph, dataset, config: QuantConfig, out: Path) -> int:
     for r in rows:
         print(f"  {r['rung']:<40} {r['top1']:6.2f} %  drop {r['drop']:5.2f}  {r['seconds']:6.0f} s"
               + ("  <- meets the target" if r["met"] else ""))
-    print(f"wrote {out} ({winner['rung']}), {out.with_suffix('.safetensors')}, {out.with_suffix('.onnx')} (QDQ)")
+    print(f"wrote {written}; the recipe: {winner['rung']}")
     return 0
 
 
@@ -248,7 +259,7 @@ def cmd_quantize(args) -> int:
     if not dist.main:  # every process holds the same graph; the first writes and reports it
         dist.close()
         return 0
-    write_quantized(qgraph, out)
+    written = write_quantized(qgraph, out)
     dist.close()
     meta = qgraph.metadata["quantization"]
     kinds: dict[str, int] = {}
@@ -259,7 +270,8 @@ def cmd_quantize(args) -> int:
         if kind:
             kinds[kind] = kinds.get(kind, 0) + 1
     summary = {
-        "model": args.model, "output": str(out), "qdq_onnx": str(out.with_suffix(".onnx")),
+        "model": args.model, "output": str(out),
+        "qdq_onnx": str(out.with_suffix(".onnx")) if out.with_suffix(".onnx").exists() else None,
         "weights": str(out.with_suffix(".safetensors")), "config": config.to_dict(),
         "calibration_images": meta["calibration_images"],
         "skipped_images": skipped, "seconds": round(seconds, 2), "processes": dist.world,
@@ -285,5 +297,5 @@ def cmd_quantize(args) -> int:
         r = meta["ort_multipliers"]
         print(f"  multipliers ONNX Runtime's integer convolution reproduces (the simulator's fast path): "
               f"{r['matched']} of {r['channels']} channels")
-    print(f"  wrote {out}, {out.with_suffix('.safetensors')}, {out.with_suffix('.onnx')} (QDQ)")
+    print(f"  wrote {written}")
     return 0

@@ -119,7 +119,7 @@ def make_plan(graph, config: QuantConfig) -> Plan:
             continue
         if kind is None:
             if any(_is_float(graph, o) for o in node.outputs):
-                plan.kept_float.append((node, "no quantization rule"))
+                plan.kept_float.append((node, getattr(get_op(node.op), "float_reason", "no quantization rule")))
             continue
         plan.kinds[node.name] = kind
         float_ins = [i for i in node.inputs if _is_float(graph, i)]
@@ -144,9 +144,11 @@ def make_plan(graph, config: QuantConfig) -> Plan:
             # (TFLite's MAXIMUM / MINIMUM compare codes: operands and output on one grid)
             for name in float_ins + outs:
                 plan.union(float_ins[0], name)
-    if config.strict and plan.kept_float:
-        node, reason = next((n, r) for n, r in plan.kept_float if r == "no quantization rule")
-        raise NpuforgeError(f"node '{node.name}' ({node.op}) has no quantization rule (strict mode); "
+    unasked = [(n, r) for n, r in plan.kept_float if r != "asked to keep in float"]
+    if config.strict and unasked:
+        node, reason = unasked[0]
+        why = "" if reason == "no quantization rule" else f" ({reason})"
+        raise NpuforgeError(f"node '{node.name}' ({node.op}) has no quantization rule{why} (strict mode); "
                             f"keep it in float with keep_float or drop --strict")
     return plan
 
