@@ -199,9 +199,9 @@ def test_custom_op_in_a_graph_quantizes():
 
 def test_other_custom_ops_are_refused_naming_op_and_node():
     builtin, _ = case_model("same_k2_s2")
-    model = as_custom(builtin, code=b"MaxPoolingWithArgmax2D")
+    model = as_custom(builtin, code=b"Resampler")
     with pytest.raises(UnsupportedError, match=r"^m\.tflite: operator 0 \(output 'up'\) is the custom op "
-                                               r"'MaxPoolingWithArgmax2D', which npuforge does not import "
+                                               r"'Resampler', which npuforge does not import "
                                                r"\(`npuforge ops` lists the ops it reads; docs/tflite\.md the TFLite "
                                                r"operators and custom ops\)$"):
         import_tflite(model, "m.tflite")

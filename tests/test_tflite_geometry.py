@@ -2,8 +2,8 @@
 TransformLandmarks, version 2) imported as npuforge's geometry ops, against MediaPipe's own runtime.
 
 LiteRT has no kernels for them, so the reference is MediaPipe 0.10.14's InferenceCalculator with
-its custom-op resolver, run once by scripts/make_mediapipe_geometry_fixtures.py on two small models
-(tests/data/mediapipe_geometry: a 24x24 image read as 576 landmarks, a crop matrix from a subset,
+its custom-op resolver, run once by scripts/make_mediapipe_custom_fixtures.py on two small models
+(tests/data/mediapipe_custom: a 24x24 image read as 576 landmarks, a crop matrix from a subset,
 the image cropped by it into 8x8 and 6x10, the landmarks mapped by it) and five images; its outputs
 are stored beside the models.
 """
@@ -24,7 +24,7 @@ from npuforge.sim.lowered import make_simulator
 
 pytest.importorskip("ai_edge_litert", reason="LiteRT's schema (ai-edge-litert) is not installed")
 
-DATA = Path(__file__).parent / "data" / "mediapipe_geometry"
+DATA = Path(__file__).parent / "data" / "mediapipe_custom"
 MODELS = ("eye", "tilted")
 OPS = {"LandmarksToTransformMatrix", "TransformTensorBilinear", "TransformLandmarks"}
 
@@ -152,3 +152,25 @@ def test_corrupt_files_give_one_line_errors():
             import_tflite(bytes(b))
         except NpuforgeError as e:
             assert "\n" not in str(e)
+
+
+def test_compiled_program_runs_geometry_on_the_host(tmp_path):
+    """``compile`` puts the three ops in host-CPU commands; ``npuforge run`` of the program gives the
+    integer simulator's outputs exactly, float outputs included (they pass the CLI's dequantization
+    unchanged: scale 1, zero point 0)."""
+    from npuforge.cli import main
+
+    g = npuforge.load(DATA / "eye.tflite")
+    images, _ = reference("eye")
+    q = quantize(g, [{g.inputs[0]: images[k:k + 1]} for k in range(len(images))])
+    npuforge.save(q, tmp_path / "q.nfir")
+    np.save(tmp_path / "x.npy", images[2:3])
+    assert main(["compile", str(tmp_path / "q.nfir"), "-o", str(tmp_path / "q.npub")]) == 0
+    assert main(["run", str(tmp_path / "q.npub"), "--input", f"image={tmp_path / 'x.npy'}", "--output",
+                 str(tmp_path / "p.npz")]) == 0
+    assert main(["run", str(tmp_path / "q.nfir"), "--mode", "int", "--input", f"image={tmp_path / 'x.npy'}",
+                 "--output", str(tmp_path / "s.npz")]) == 0
+    program, sim = np.load(tmp_path / "p.npz"), np.load(tmp_path / "s.npz")
+    assert sorted(program.files) == sorted(sim.files) == sorted(q.outputs)
+    for name in q.outputs:
+        assert np.array_equal(program[name], sim[name]), name

@@ -126,5 +126,6 @@ def run_program(args) -> dict:
     if args.codes:
         return results
     grids = {image.tensors[t].name: image.tensors[t] for t, _ in image.outputs}
-    return {k: ((v.astype(np.int64) - grids[k].zero_point) * np.float64(np.float32(grids[k].scale))
+    # (an output the program computes in float has scale 1 and zero point 0: it passes unchanged)
+    return {k: ((v.astype(np.float64) - grids[k].zero_point) * np.float64(np.float32(grids[k].scale))
                 ).astype(np.float32) for k, v in results.items()}

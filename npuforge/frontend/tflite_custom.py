@@ -24,6 +24,16 @@ right_rotation_idx, target_rotation_radians, output_height, output_width, scale_
 ``TransformTensorBilinear`` (NHWC features, matrix -> NHWC crop) output_height and
 output_width; ``TransformLandmarks`` ([1, L, 2 or 3], matrix) none.
 
+``MaxPoolingWithArgmax2D`` and ``MaxUnpooling2D`` (``max_pool_argmax.cc``, ``max_unpooling.cc``,
+float32 only) become :mod:`npuforge.ops.unpool`'s MaxPoolWindowArgmax and MaxUnpoolWindow. Their
+options are a ``TfLitePoolParams`` C struct as it lies in memory, little-endian int32: padding
+(1 SAME, 2 VALID), stride_width, stride_height, filter_width, filter_height, activation (then
+TFLite's computed padding, unread). The pooling's output size and padding are TFLite's
+(``(n + s - 1) // s`` under SAME, its head ``max(((out - 1) s + k - n) // 2, 0)``); the
+unpooling's output is ``n * k`` per axis, its padding ``max(((n - 1) s + k - n k) // 2, 0)``. The
+pooling's second output (window-local indices as floats ``i + 0.1``) is int64 in the IR and may
+only feed unpoolings.
+
 Every other custom operator is refused in one line naming it and the operator.
 """
 
@@ -49,7 +59,9 @@ class CustomRules:
     CUSTOM_HANDLERS = {"Convolution2DTransposeBias": ("transpose_conv_bias", None),
                        "Landmarks2TransformMatrix": ("landmarks_to_transform_matrix", None),
                        "TransformTensorBilinear": ("transform_tensor_bilinear", None),
-                       "TransformLandmarks": ("transform_landmarks", None)}
+                       "TransformLandmarks": ("transform_landmarks", None),
+                       "MaxPoolingWithArgmax2D": ("max_pool_argmax", None),
+                       "MaxUnpooling2D": ("max_unpooling", None)}
     custom_index = -1  # the custom operator being imported (custom_options reads its bytes)
 
     def custom_handler(self, index: int) -> tuple | None:
@@ -165,4 +177,54 @@ class CustomRules:
     def transform_landmarks(self, ins, o, opt):
         self.geometry_options(ins, 2, {})
         node = self.emit("TransformLandmarks", [self.value(ins[0]), self.value(ins[1])], out=self.fresh(self.tname(o)))
+        self.bind(o, node.outputs[0])
+
+    # -- MediaPipe's pooling with window-local indices ---------------------------------------------
+    def pool_params(self, ins, n_inputs: int) -> tuple:
+        """(kernel (h, w), strides (h, w), SAME?) from the TfLitePoolParams options, after the checks
+        both ops share (float32, input count, no fused activation: MediaPipe's unpooling ignores it)."""
+        if len(ins) != n_inputs:
+            self.bad(f"{len(ins)} inputs ({n_inputs} expected)")
+        if self.quantized or any(self.dtype(i) != "float32" for i in ins):
+            self.refuse("is on int8 tensors; MediaPipe's kernel is float32 only")
+        raw = self.custom_options()
+        if len(raw) < 24:
+            self.bad(f"{len(raw)} bytes of custom options (MediaPipe's TfLitePoolParams: at least 24)")
+        padding, stride_w, stride_h, filter_w, filter_h, activation = struct.unpack("<6i", raw[:24])
+        if padding not in (_SAME, _VALID):
+            self.bad(f"the padding code {padding} in its custom options (SAME is {_SAME}, VALID {_VALID})")
+        if activation != Act.NONE:
+            self.refuse(f"has the fused activation {activation}, which npuforge does not import here")
+        strides = self.at_least_1("strides", [stride_h, stride_w])
+        kernel = self.at_least_1("filter sizes", [filter_h, filter_w])
+        if len(self.file_shape(ins[0])) != 4:
+            self.bad(f"an input of shape {list(self.file_shape(ins[0]))}; it must be 4-D (NHWC)")
+        return kernel, strides, padding == _SAME
+
+    def max_pool_argmax(self, ins, o, opt):
+        kernel, strides, same = self.pool_params(ins, 1)
+        sizes = self.file_shape(ins[0])[1:3]
+        out = [(n + s - 1) // s if same else (n - k + s) // s for n, k, s in zip(sizes, kernel, strides)]
+        if min(out) < 1:
+            self.bad(f"a window {kernel} larger than its input {list(sizes)} (VALID padding)")
+        pads = [max(((m - 1) * s + k - n) // 2, 0) for n, k, s, m in zip(sizes, kernel, strides, out)]
+        values, indices = self.op_tensors(self.op_index)[1]
+        users = [k for k in self.consumers(indices) if self.op_tensors(k)[0][1:2] != [indices]
+                 or self.op_name(k) != "the custom op 'MaxUnpooling2D'"]
+        if users or indices in [int(t) for t in self.sg.OutputsAsNumpy()]:
+            self.refuse("has its indices read by another operator than MaxUnpooling2D (or as a graph output); "
+                        "npuforge imports them only into unpoolings")
+        attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads, "output_size": out}
+        self.emit_outputs("MaxPoolWindowArgmax", [self.value(ins[0])], attrs, [values, indices])
+
+    def max_unpooling(self, ins, o, opt):
+        kernel, strides, _ = self.pool_params(ins, 2)
+        sizes = self.file_shape(ins[0])[1:3]
+        if self.file_shape(ins[1]) != self.file_shape(ins[0]):
+            self.bad(f"indices of shape {list(self.file_shape(ins[1]))} for values of {list(self.file_shape(ins[0]))}")
+        out = [n * k for n, k in zip(sizes, kernel)]
+        pads = [max(((n - 1) * s + k - m) // 2, 0) for n, k, s, m in zip(sizes, kernel, strides, out)]
+        attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads, "output_size": out}
+        node = self.emit("MaxUnpoolWindow", [self.value(ins[0]), self.value(ins[1])], attrs,
+                         out=self.fresh(self.tname(o)))
         self.bind(o, node.outputs[0])

@@ -327,6 +327,24 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
         self.origin[node.name] = self.at
         return node
 
+    def emit_outputs(self, op: str, inputs: list, attrs: dict, tensors: list) -> Node:
+        """``emit`` for an op of several outputs, one per file tensor of ``tensors`` (bound to them)."""
+        full = {k: copy.deepcopy(v) for k, v in get_op(op).attrs.items()}
+        full.update(attrs)
+        node = Node(self.node_base, op, list(inputs), [self.fresh(self.tname(t)) for t in tensors], full)
+        try:
+            infos = infer_node(node, input_infos(node, self.infos))
+        except NpuforgeError as e:
+            raise type(e)(f"{self.where}: {self.at}: {e}") from None
+        for name, info in zip(node.outputs, infos):
+            self.infos[name] = info
+            self.graph.values[name] = Value(name, info.dtype, tuple(info.shape))
+        self.graph.nodes.append(node)
+        self.origin[node.name] = self.at
+        for name, t in zip(node.outputs, tensors):
+            self.bind(t, name)
+        return node
+
     def bind(self, o: int, name: str) -> None:
         """Tensor o is IR value ``name``: its shape must be the file's (permuted)."""
         want, got = ir_shape(self.file_shape(o)), tuple(self.graph.values[name].shape)
@@ -457,8 +475,8 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
                 raise UnsupportedError(f"{self.where}: operator {index} is {name}, which npuforge does not import "
                                        f"(docs/tflite.md lists the TFLite operators it reads)")
             ins, outs = self.op_tensors(index)
-            if len(outs) != 1:
-                self.refuse(f"has {len(outs)} outputs; npuforge imports single-output operators")
+            if len(outs) != self.OUTPUTS.get(handler[0], 1):
+                self.refuse(f"has {len(outs)} outputs; npuforge imports {self.OUTPUTS.get(handler[0], 1)}")
             while ins and ins[-1] < 0:
                 ins.pop()  # omitted optional inputs (a bias)
             if len(ins) < self.ARITY.get(handler[0], 1):

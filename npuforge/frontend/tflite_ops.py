@@ -424,6 +424,7 @@ class OperatorRules:
              "prelu": 2, "resize": 2, "strided_slice": 4, "sequence_lstm": 20, "transpose_conv": 3,
              "batch_matmul": 2, "squared_difference": 2, "gather": 2, "reduce_prod": 2,
              "maximum_minimum": 2}  # the rest: 1
+    OUTPUTS = {"max_pool_argmax": 2}  # rules of operators with several outputs (the rest have one)
     SPARSE_INPUTS = ("sequence_lstm",)  # rules that read optional inputs anywhere in the list (-1: omitted)
 
     # builtin -> (method, options table, extra arguments)

@@ -215,7 +215,7 @@ def _load_all() -> None:
     # Importing the op modules runs their @register decorators.
     from . import (  # noqa: F401
         activation, conv, elementwise, geometry, indexing, layout, linear, logic, math, normalization, pool, recurrent,
-        reduce, resize, selection, shape_ops, tensor,
+        reduce, resize, selection, shape_ops, tensor, unpool,
     )
 
 

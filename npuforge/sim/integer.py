@@ -486,10 +486,12 @@ class IntegerSimulator(ElementwiseKernels):
             rest.append(torch.tensor([float(int(xq.zero_point))], dtype=torch.float32))
         if node.op == "Pad" and len(rest) > 2 and rest[2] is None:
             rest[2] = torch.tensor([float(int(xq.zero_point))], dtype=torch.float32)
+        if getattr(get_op(node.op), "zero_fill_input", None) == len(node.inputs):  # where nothing lands: 0.0
+            rest.append(torch.tensor([float(int(self._q(node.outputs[0]).zero_point))], dtype=torch.float32))
         # codes of <= 16 bits are exact in float32; the op only moves or selects them
         ys = get_op(node.op).forward(node, [x.to(torch.float32), *rest])
         dtype = TORCH_INT[xq.dtype]
-        return [y.to(dtype) for y in ys]
+        return [y.to(dtype) if self._q(o) is not None else y for o, y in zip(node.outputs, ys)]
 
     def _concat(self, node, env) -> list:
         yq = self._q(node.outputs[0])
