@@ -134,6 +134,8 @@ FLOAT_CASES = {
     "reduce_max_hw": ("REDUCE_MAX", "ReducerOptions", S, (1, 3), [_i32(1, 2)], dict(KeepDims=False)),
     "reduce_max_hw_keep": ("REDUCE_MAX", "ReducerOptions", S, (1, 1, 1, 3), [_i32(1, 2)], dict(KeepDims=True)),
     "reduce_min_channels": ("REDUCE_MIN", "ReducerOptions", S, (1, 5, 6), [_i32(-1)], dict(KeepDims=False)),
+    "sum_hw": ("SUM", "ReducerOptions", S, (1, 3), [_i32(1, 2)], dict(KeepDims=False)),
+    "sum_channels_keep": ("SUM", "ReducerOptions", S, (1, 5, 6, 1), [_i32(3)], dict(KeepDims=True)),
     "average_pool_same": ("AVERAGE_POOL_2D", "Pool2DOptions", S, (1, 3, 3, 3), [],
                           dict(Padding=0, StrideH=2, StrideW=2, FilterHeight=3, FilterWidth=3)),
     "max_pool_same_relu": ("MAX_POOL_2D", "Pool2DOptions", S, (1, 3, 2, 3), [],
@@ -735,6 +737,29 @@ def test_int8_pools_resize_mean_match_litert():
         graph = import_tflite(model, name=op)
         got = IntegerSimulator(graph).run({graph.inputs[0]: nchw(x)}, dequantize=False)[graph.outputs[0]]
         assert np.array_equal(got, nchw(litert_float(model, [x])[0])), op
+
+
+def test_int8_sum_matches_litert():
+    """SUM: LiteRT's int8 kernel (the optimized one it runs; its reference kernel's output for SUM is
+    not the sum: 105 where the sum is -17) computes in float32, ``round(float(sum of codes) * s + b)``
+    with ``s = s_x / s_y``, ``b = -zp_x * s * count``: the same codes over 60 seeded scale / axis
+    cases."""
+    rng = np.random.default_rng(11)
+    shapes = [([1], (1, 6, 3), False), ([1, 2], (1, 3), False), ([3], (1, 5, 6, 1), True), ([2], (1, 5, 1, 3), True)]
+    for trial in range(60):
+        in_q = (float(rng.uniform(0.01, 0.1)), int(rng.integers(-20, 20)))
+        out_q = (float(rng.uniform(0.05, 1.5)), int(rng.integers(-20, 20)))
+        axes, out_shape, keep = shapes[trial % 4]
+        model = model_of("SUM", "ReducerOptions", S, out_shape, [_i32(*axes)], quant=(in_q, out_q), KeepDims=keep)
+        graph = import_tflite(model, name="sum")
+        x = rng.integers(-128, 128, S).astype(np.int8)
+        it = litert.Interpreter(model_content=model)
+        it.allocate_tensors()
+        it.set_tensor(it.get_input_details()[0]["index"], x)
+        it.invoke()
+        ref = it.get_tensor(it.get_output_details()[0]["index"])
+        got = IntegerSimulator(graph).run({graph.inputs[0]: nchw(x)}, dequantize=False)[graph.outputs[0]]
+        assert np.array_equal(got, nchw(ref) if ref.ndim == 4 else ref), trial
 
 
 # -- refusals and the load hook ---------------------------------------------------------------------

@@ -403,6 +403,8 @@ class _Lowering:
             kind = "global_avgpool"
         else:
             raise UnsupportedError(f"{where}: {node.op} over other axes than H and W has no NPU operation")
+        if "sum_scale" in node.quant:  # LiteRT's SUM computes in float: no NPU pooling computes it
+            raise UnsupportedError(f"{where}: LiteRT's float32 SUM arithmetic has no NPU operation")
         if "code_average" in node.quant:
             params.update(code_average=1)
         else:

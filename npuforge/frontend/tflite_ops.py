@@ -19,9 +19,10 @@ from ..errors import ModelFormatError
 from ..quant.tflite_elementwise import gelu_table, quantize_integers as squared_difference_integers, rsqrt_table
 from ..quant.tflite_softmax import input_real
 from ..quant.tflite_tables import activation_range
+from ..sim.integer_elementwise import tflite_sum_scale_bias
 from ..quant.config import QuantConfig
 from ..quant.params import QParams
-from ..quant.quantize import _add_int, _requant
+from ..quant.quantize import _add_int, _quantize_node, _requant
 
 TO_IR = (0, 3, 1, 2)  # np.transpose perm: an NHWC array -> NCHW
 TO_FILE = (0, 2, 3, 1)  # NCHW -> NHWC
@@ -326,11 +327,20 @@ class OperatorRules:
         kept_ir = [a for a in range(rank) if a not in axes]  # the result's axes, in IR order
         kept_file = [a for a in (IR_AXIS if rank == 4 else range(rank)) if a not in axes]
         if keep or kept_ir == kept_file:
-            return self.with_activation(Act.NONE, o, op, [x, self.int64s(f"{self.base}::axes", axes)],
+            node = self.with_activation(Act.NONE, o, op, [x, self.int64s(f"{self.base}::axes", axes)],
                                         {"keepdims": int(keep)})
-        y = self.emit(op, [x, self.int64s(f"{self.base}::axes", axes)], {"keepdims": 0},
-                      quant=self.activation_q(o), suffix="mean").outputs[0]  # then to the file's axis order
-        self.bind(o, self.transpose(y, [kept_ir.index(a) for a in kept_file], self.fresh(self.tname(o))))
+        else:
+            node = self.emit(op, [x, self.int64s(f"{self.base}::axes", axes)], {"keepdims": 0},
+                             quant=self.activation_q(o), suffix="mean")  # then to the file's axis order
+            self.bind(o, self.transpose(node.outputs[0], [kept_ir.index(a) for a in kept_file],
+                                        self.fresh(self.tname(o))))
+        if op == "ReduceSum" and self.quantized:  # LiteRT's float32 arithmetic on the codes' sum
+            xq, yq = self.activation_q(ins[0]), self.activation_q(o)
+            count = int(np.prod([self.graph.values[x].shape[a] for a in axes]))
+            _quantize_node(self.graph, node, "pool", QuantConfig(**TFLITE_CONFIG), [])  # (what a pool carries)
+            for role, v in zip(("sum_scale", "sum_bias"), tflite_sum_scale_bias(xq.scale, xq.zero_point, yq.scale,
+                                                                                 count)):
+                _add_int(self.graph, node, role, np.asarray(v, np.float32).reshape(1).view(np.int32))  # its bits
 
     def pad(self, ins, o, opt):
         x = ins[0]
@@ -438,6 +448,7 @@ class OperatorRules:
         "GELU": ("gelu", "GeluOptions"), "LEAKY_RELU": ("leaky_relu", "LeakyReluOptions"),
         "MAXIMUM": ("maximum_minimum", None, "Max"), "MINIMUM": ("maximum_minimum", None, "Min"),
         "REDUCE_MAX": ("mean", "ReducerOptions", "ReduceMax"), "REDUCE_MIN": ("mean", "ReducerOptions", "ReduceMin"),
+        "SUM": ("mean", "ReducerOptions", "ReduceSum"),
         "ADD": ("elementwise", "AddOptions", "Add"), "SUB": ("elementwise", "SubOptions", "Sub"),
         "MUL": ("elementwise", "MulOptions", "Mul"),
         "AVERAGE_POOL_2D": ("pool", "Pool2DOptions", "AveragePool"), "MAX_POOL_2D": ("pool", "Pool2DOptions", "MaxPool"),

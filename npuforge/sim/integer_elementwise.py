@@ -111,6 +111,10 @@ class ElementwiseKernels:
         zy = int(yq.zero_point)
         if "code_average" in node.quant:  # TFLite's AVERAGE_POOL_2D: the codes' own rounded mean
             return rounding_divide(total + count * int(xq.zero_point), count)
+        if "sum_scale" in node.quant:  # LiteRT's int8 SUM: float32 on the codes' sum, rounded half away
+            scale, bias = (self._int(node, role).astype(np.int32).view(np.float32)[0] for role in ("sum_scale",
+                                                                                                  "sum_bias"))
+            return tflite_sum_output(total + count * int(xq.zero_point), scale, bias) + zy
         if "divisor" in node.quant:  # 1: the count is folded into the multiplier (TFLite's MEAN)
             divisor = torch.full_like(count, int(self._int(node, "divisor")))
         else:
@@ -131,3 +135,18 @@ class ElementwiseKernels:
             extra_bits(int(count.max()) * max_abs_code(xq), s)
         t = self._R(total << bits, m, s)
         return rounding_divide(t, divisor << bits) + zy
+
+
+def tflite_sum_scale_bias(x_scale, x_zero_point: int, y_scale, count: int) -> tuple:
+    """LiteRT's int8 SUM (its optimized kernel, the one it runs): ``s = s_x / s_y`` and the bias
+    ``-zp_x * s * count``, each a float32 operation in that order. A node stores them as the int32
+    bit patterns of the float32 numbers (roles ``sum_scale``, ``sum_bias``)."""
+    s = np.float32(np.float32(x_scale) / np.float32(y_scale))
+    return s, np.float32(np.float32(np.float32(-int(x_zero_point)) * s) * np.float32(count))
+
+
+def tflite_sum_output(raw_sum: torch.Tensor, scale, bias) -> torch.Tensor:
+    """``round_half_away(float32(raw_sum) * s + b)`` in float32 (int64, before the zero point and the
+    saturation): the sum of the raw codes is exact in float32 below 2^24."""
+    v = raw_sum.to(torch.float32) * torch.tensor(np.float32(scale)) + torch.tensor(np.float32(bias))
+    return (torch.sign(v) * torch.floor(v.abs() + 0.5)).to(torch.int64)
