@@ -762,6 +762,54 @@ def test_int8_sum_matches_litert():
         assert np.array_equal(got, nchw(ref) if ref.ndim == 4 else ref), trial
 
 
+ISLAND_OPS = ("SQUARE", "ABS", "NEG", "EXP", "SQRT", "LOG", "SIN", "COS", "ELU")
+
+
+@pytest.mark.parametrize("op", ISLAND_OPS)
+def test_int8_model_with_a_float_island_matches_litert(op):
+    """An int8 model with an operator TensorFlow's converter left in float (DEQUANTIZE -> the float op ->
+    QUANTIZE, then int8 again): the island runs in float, its output quantized where the file's QUANTIZE
+    is; LiteRT's reference kernels give the same codes. (SQRT and LOG read |x| + 0.5: defined everywhere.)"""
+    w = TFLiteWriter()
+    q = lambda s, z: TensorQuant(np.array([s], np.float32), np.array([z]))  # noqa: E731
+    x = w.tensor("x", S, "int8", quant=q(0.05, 3))
+    xf, yf = w.tensor("xf", S, "float32"), w.tensor("yf", S, "float32")
+    w.operator(BuiltinOperator.DEQUANTIZE, [x], [xf])
+    src = xf
+    if op in ("SQRT", "LOG"):
+        a, b = w.tensor("a", S, "float32"), w.tensor("b", S, "float32")
+        w.operator(BuiltinOperator.ABS, [xf], [a])
+        w.operator(BuiltinOperator.ADD, [a, w.tensor("half", (1,), "float32", data=np.array([0.5], np.float32))],
+                   [b], "AddOptions", BuiltinOptions.AddOptions)
+        src = b
+    w.operator(getattr(BuiltinOperator, op), [src], [yf])
+    yq, out = w.tensor("yq", S, "int8", quant=q(0.07, -20)), w.tensor("out", S, "int8", quant=q(0.09, -5))
+    w.operator(BuiltinOperator.QUANTIZE, [yf], [yq])
+    w.operator(BuiltinOperator.ADD, [yq, x], [out], "AddOptions", BuiltinOptions.AddOptions)
+    model = w.finish([x], [out])
+    graph = import_tflite(model, name=op)
+    assert len(graph.metadata["quantization"]["float_nodes"]) >= 3  # dequantize, the op(s), quantize
+    sim = IntegerSimulator(graph)
+    for seed in range(3):
+        codes = np.random.default_rng(seed).integers(-128, 128, S).astype(np.int8)
+        got = sim.run({graph.inputs[0]: nchw(codes)}, dequantize=False)[graph.outputs[0]]
+        if op == "ELU":  # (LiteRT's reference resolver has no ELU: its default kernels)
+            it = litert.Interpreter(model_content=model)
+            it.allocate_tensors()
+            it.set_tensor(it.get_input_details()[0]["index"], codes)
+            it.invoke()
+            ref = it.get_tensor(it.get_output_details()[0]["index"])
+        else:
+            ref = litert_float(model, [codes])[0]
+        assert np.array_equal(got, nchw(ref)), seed
+
+
+def test_int8_ops_with_litert_integer_kernels_are_refused():
+    model = model_of("ABS", None, S, S, quant=((0.05, 3), (0.05, -128)))
+    with pytest.raises(UnsupportedError, match=r"ABS\) on int8 tensors: npuforge reads it in float only"):
+        import_tflite(model, name="m.tflite")
+
+
 # -- refusals and the load hook ---------------------------------------------------------------------
 
 def test_unsupported_operator_names_op_and_index():

@@ -58,6 +58,7 @@ from ..ops.registry import TensorInfo, get_op
 from ..quant.config import QuantConfig
 from ..quant.params import QParams
 from ..quant.quantize import _quantize_node
+from ..sim.lowering_base import runs_in_float
 from .tflite_custom import CustomRules
 from .tflite_ops import IR_AXIS, TFLITE_CONFIG, TO_FILE, TO_IR, OperatorRules, ir_shape, orders_differ
 from .tflite_recurrent import RecurrentRules
@@ -107,8 +108,12 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
         self.at = ""
         self.skip: set[int] = set()  # operators dropped at the graph boundary
         # int8 activations with parameters: an int8 model (a float one has none)
-        self.quantized = any(self.tensor(i).Type() == 9 and self.qparams(i) is not None and not self.has_data(i)
-                             for i in range(self.sg.TensorsLength()))
+        self.int8_model = any(self.tensor(i).Type() == 9 and self.qparams(i) is not None and not self.has_data(i)
+                              for i in range(self.sg.TensorsLength()))
+        # the operator being imported computes on int8 codes (False in a float model, and for the float
+        # operators an int8 model runs between a DEQUANTIZE and a QUANTIZE)
+        self.quantized = self.int8_model
+        self.float_islands: list[str] = []  # nodes of an int8 model that the file computes in float
 
     # -- the file's tensors ----------------------------------------------------------
     def tensor(self, i: int):
@@ -247,8 +252,9 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
         return QParams(dtype, scale, np.asarray(zp), q.QuantizedDimension())
 
     def activation_q(self, i: int) -> QParams | None:
-        """An activation's parameters in an int8 model (None in a float one)."""
-        if not self.quantized:
+        """An activation's parameters in an int8 model (None in a float one, and for a float32 tensor of
+        the float islands an int8 model may hold)."""
+        if not self.quantized or (self.int8_model and self.dtype(i) == "float32"):
             return None
         p = self.qparams(i)
         if self.dtype(i) != "int8" or p is None or p.per_channel:
@@ -422,6 +428,13 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
         return ([int(i) for i in op.InputsAsNumpy()] if op.InputsLength() else [],
                 [int(i) for i in op.OutputsAsNumpy()] if op.OutputsLength() else [])
 
+    def in_float(self, k: int) -> bool:
+        """Whether operator k of an int8 model computes in float: every tensor it reads or writes at run
+        time is float32 (the converter's float islands, between a DEQUANTIZE and a QUANTIZE)."""
+        ins, outs = self.op_tensors(k)
+        computed = [t for t in ins + outs if t >= 0 and not self.has_data(t)]
+        return bool(computed) and all(self.dtype(t) == "float32" for t in computed)
+
     def consumers(self, t: int) -> list[int]:
         return [k for k in range(self.sg.OperatorsLength()) if t in self.op_tensors(k)[0]]
 
@@ -431,12 +444,12 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
         inputs = []
         for t in (int(t) for t in self.sg.InputsAsNumpy()):
             users = self.consumers(t)
-            if self.quantized and self.dtype(t) == "float32" and len(users) == 1 and \
+            if self.int8_model and self.dtype(t) == "float32" and len(users) == 1 and \
                     self.op_name(users[0]) == "QUANTIZE" and t not in outputs:
                 self.skip.add(users[0])
                 t = self.op_tensors(users[0])[1][0]
             elif self.dtype(t) not in ("int32", "int64") and (  # (int32 / int64: token ids, either model)
-                    self.dtype(t) not in ("float32", "int8") or (self.dtype(t) == "int8") != self.quantized):
+                    self.dtype(t) not in ("float32", "int8") or (self.dtype(t) == "int8") != self.int8_model):
                 raise UnsupportedError(f"{self.where}: graph input '{self.tname(t)}' is {self.dtype(t)}; npuforge "
                                        f"imports float32 inputs, int8 ones of int8 models and integer ids")
             self.at = f"graph input '{self.tname(t)}'"
@@ -461,7 +474,7 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
         outputs = []
         for t in (int(t) for t in self.sg.OutputsAsNumpy()):
             k = producer.get(t)
-            if self.quantized and k is not None and self.op_name(k) == "DEQUANTIZE" and self.dtype(t) == "float32":
+            if self.int8_model and k is not None and self.op_name(k) == "DEQUANTIZE" and self.dtype(t) == "float32":
                 self.skip.add(k)  # the IR output is the int8 side
                 t = self.op_tensors(k)[0][0]
             outputs.append(t)
@@ -483,6 +496,7 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
                 self.bad(f"{len(ins)} input(s); {name} takes at least {self.ARITY.get(handler[0], 1)}")
             if min(ins) < 0 and handler[0] not in self.SPARSE_INPUTS:  # else an optional input is the last
                 self.bad(f"the inputs {ins}, omitting one before the last")
+            self.quantized = self.int8_model and not self.in_float(index)
             label = name if name in self.HANDLERS else handler[0]  # a custom op: its rule's name
             self.base, self.node_base = self.tname(outs[0]), f"{label.lower()}_{index}"
             self.op_index = index
@@ -498,7 +512,7 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
                 raise UnsupportedError(f"{self.where}: graph output '{self.tname(t)}' is a constant or not computed")
         g.outputs = [self.names[t] for t in outputs]
         self.prune()
-        if self.quantized:
+        if self.int8_model:
             self.integers()
         g.check()
         return g
@@ -524,6 +538,10 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
         for node in g.nodes:
             kind = get_op(node.op).quant_kind(node, g)
             self.at = self.origin[node.name]
+            island = all(g.values[o].quant is None for o in node.outputs if o)  # float in the file
+            if island or (node.op == "Identity" and runs_in_float(g, node, kind)):  # (or its QUANTIZE)
+                self.float_islands.append(node.name)
+                continue
             if kind in _SHARED_GRID:
                 out = g.values[node.outputs[0]].quant
                 for i in node.inputs[:None if kind == "concat" else 1]:
@@ -538,7 +556,8 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
             if not node.quant:  # the simulator would run it in float
                 self.refuse(f"on int8 tensors has no integer rule of kind '{kind}' in npuforge")
         g.metadata["quantization"] = {"config": config.to_dict(), "source": "tflite",
-                                      "quantized_nodes": len(g.nodes), "float_nodes": [], "int16_concats": []}
+                                      "quantized_nodes": len(g.nodes) - len(self.float_islands),
+                                      "float_nodes": list(self.float_islands), "int16_concats": []}
 
 
 def import_tflite(path_or_bytes, name: str | None = None) -> Graph:

@@ -398,6 +398,16 @@ class OperatorRules:
     def unary(self, ins, o, opt, op):
         self.with_activation(Act.NONE, o, op, [self.value(ins[0])])
 
+    def float_unary(self, ins, o, opt, op):
+        """ABS, NEG, EXP, LOG, SQRT, SIN, COS, ELU, SQUARE (x * x) on float tensors: a float model's, or
+        the float islands of an int8 one (TensorFlow's converter leaves them in float); an int8 one's
+        integer kernel is not reproduced."""
+        if self.quantized:
+            self.refuse("on int8 tensors: npuforge reads it in float only (LiteRT's integer kernel for it is not "
+                        "reproduced)")
+        x = self.value(ins[0])
+        self.with_activation(Act.NONE, o, *(("Mul", [x, x]) if op == "Square" else (op, [x])))
+
     def relu(self, ins, o, opt, code):
         self.bind(o, self.activation(self.value(ins[0]), code, o, self.fresh(self.tname(o)), standalone=True))
 
@@ -456,11 +466,14 @@ class OperatorRules:
         "PAD": ("pad", None), "PADV2": ("pad", None), "RESHAPE": ("reshape_op", None),
         "TRANSPOSE": ("transpose_op", None), "SOFTMAX": ("softmax", "SoftmaxOptions"),
         "LOGISTIC": ("unary", None, "Sigmoid"), "TANH": ("unary", None, "Tanh"),
+        **{name: ("float_unary", None, op) for name, op in (("ABS", "Abs"), ("NEG", "Neg"), ("EXP", "Exp"),
+                                                             ("LOG", "Log"), ("SQRT", "Sqrt"), ("SIN", "Sin"),
+                                                             ("COS", "Cos"), ("ELU", "Elu"), ("SQUARE", "Square"))},
         "HARD_SWISH": ("unary", None, "HardSwish"), "RELU": ("relu", None, Act.RELU),
         "RELU6": ("relu", None, Act.RELU6), "RELU_N1_TO_1": ("relu", None, Act.RELU_N1_TO_1),
         "PRELU": ("prelu", None), "RESIZE_BILINEAR": ("resize", "ResizeBilinearOptions", "linear"),
         "RESIZE_NEAREST_NEIGHBOR": ("resize", "ResizeNearestNeighborOptions", "nearest"),
-        "DEQUANTIZE": ("dequantize", None), "DENSIFY": ("densify", None),
+        "DEQUANTIZE": ("dequantize", None), "QUANTIZE": ("quantize_op", None), "DENSIFY": ("densify", None),
         "STRIDED_SLICE": ("strided_slice", "StridedSliceOptions"), "SHAPE": ("shape_op", None),
         "PACK": ("pack", "PackOptions"),
         "UNIDIRECTIONAL_SEQUENCE_LSTM": ("sequence_lstm", "UnidirectionalSequenceLSTMOptions"),

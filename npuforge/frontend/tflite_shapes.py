@@ -18,13 +18,32 @@ class ShapeRules:
     """Folding and value-moving rules of the TFLite importer."""
 
     def dequantize(self, ins, o, opt):
+        """DEQUANTIZE of a constant: folded. Of an int8 activation inside an int8 model (where the
+        converter leaves an operator in float): an Identity to a value without parameters, the start
+        of a float island that a QUANTIZE ends."""
         data = self.data(ins[0])
         if data is None:
-            self.refuse("dequantizes an activation inside the model; npuforge imports float models and fully "
-                        "int8 ones")
+            if not self.int8_model or self.dtype(ins[0]) != "int8" or self.dtype(o) != "float32":
+                self.refuse(f"dequantizes a {self.dtype(ins[0])} activation to {self.dtype(o)}; npuforge reads "
+                            f"int8 to float32")
+            self.activation_q(ins[0])  # (per tensor)
+            node = self.emit("Identity", [self.value(ins[0])], out=self.fresh(self.tname(o)), suffix="dequantize")
+            self.bind(o, node.outputs[0])
+            return
         p = self.qparams(ins[0], self.dtype(ins[0]))
         self.folded[o] = (p.dequantize(data) if p is not None and data.dtype.kind in "iu"
                           else data.astype(np.float32))
+
+    def quantize_op(self, ins, o, opt):
+        """QUANTIZE of a float32 activation to int8 inside an int8 model, the end of a float island: an
+        Identity whose output has the file's parameters (the integer program quantizes it there)."""
+        if self.dtype(ins[0]) != "float32" or self.dtype(o) != "int8" or self.data(ins[0]) is not None:
+            self.refuse(f"quantizes a {self.dtype(ins[0])} tensor to {self.dtype(o)}; npuforge reads QUANTIZE of a "
+                        f"float32 activation to int8 (an int8 -> int8 requantization is not imported)")
+        self.quantized = True  # (its output is an int8 activation: activation_q reads it)
+        node = self.emit("Identity", [self.value(ins[0])], out=self.fresh(self.tname(o)),
+                         quant=self.activation_q(o), suffix="quantize")
+        self.bind(o, node.outputs[0])
 
     def densify(self, ins, o, opt):
         """DENSIFY of constant sparse weights: the dense array, folded at import (``data`` densifies)."""
