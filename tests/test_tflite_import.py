@@ -804,9 +804,25 @@ def test_int8_model_with_a_float_island_matches_litert(op):
         assert np.array_equal(got, nchw(ref)), seed
 
 
+@pytest.mark.parametrize("op", ["ABS", "EXP", "LOG", "SQRT"])
+def test_int8_unary_kernels_match_litert_on_every_code(op):
+    """ABS (|x - zp| requantized), EXP and LOG (LUTPopulate tables), SQRT (truncated, fitted to LiteRT
+    2.3.0): every input code of 8 seeded scale pairs (the first with equal scales), LiteRT's reference
+    kernels; SQRT on the codes LiteRT accepts (x >= zp: it refuses negative values at run time)."""
+    rng = np.random.default_rng({"ABS": 1, "EXP": 2, "LOG": 3, "SQRT": 4}[op])
+    for trial in range(8):
+        xs, xz = float(rng.uniform(0.005, 0.1)), int(rng.integers(-128, 0 if op == "SQRT" else 128))
+        ys, yz = (xs if trial == 0 else float(rng.uniform(0.005, 0.3))), int(rng.integers(-128, 0))
+        codes = np.arange(xz if op == "SQRT" else -128, 128, dtype=np.int8)[None]
+        model = model_of(op, None, codes.shape, codes.shape, quant=((xs, xz), (ys, yz)))
+        graph = import_tflite(model, name=op)
+        got = IntegerSimulator(graph).run({graph.inputs[0]: codes}, dequantize=False)[graph.outputs[0]]
+        assert np.array_equal(got, litert_float(model, [codes])[0]), trial
+
+
 def test_int8_ops_with_litert_integer_kernels_are_refused():
-    model = model_of("ABS", None, S, S, quant=((0.05, 3), (0.05, -128)))
-    with pytest.raises(UnsupportedError, match=r"ABS\) on int8 tensors: npuforge reads it in float only"):
+    model = model_of("NEG", None, S, S, quant=((0.05, 3), (0.05, -3)))
+    with pytest.raises(UnsupportedError, match=r"NEG\) on int8 tensors: npuforge reads it in float only"):
         import_tflite(model, name="m.tflite")
 
 

@@ -16,7 +16,8 @@ from tflite.ActivationFunctionType import ActivationFunctionType as Act
 from tflite.Padding import Padding
 
 from ..errors import ModelFormatError
-from ..quant.tflite_elementwise import gelu_table, quantize_integers as squared_difference_integers, rsqrt_table
+from ..quant.tflite_elementwise import gelu_table, quantize_integers as squared_difference_integers, rsqrt_table, \
+    unary_table
 from ..quant.tflite_softmax import input_real
 from ..quant.tflite_tables import activation_range
 from ..sim.integer_elementwise import tflite_sum_scale_bias
@@ -400,13 +401,16 @@ class OperatorRules:
 
     def float_unary(self, ins, o, opt, op):
         """ABS, NEG, EXP, LOG, SQRT, SIN, COS, ELU, SQUARE (x * x) on float tensors: a float model's, or
-        the float islands of an int8 one (TensorFlow's converter leaves them in float); an int8 one's
-        integer kernel is not reproduced."""
-        if self.quantized:
+        the float islands of an int8 one (TensorFlow's converter leaves them in float). On int8 tensors
+        ABS, EXP, LOG and SQRT have LiteRT's kernels as tables (quant/tflite_elementwise.py); the others'
+        integer kernels are not reproduced."""
+        if self.quantized and op not in ("Abs", "Exp", "Log", "Sqrt"):
             self.refuse("on int8 tensors: npuforge reads it in float only (LiteRT's integer kernel for it is not "
                         "reproduced)")
         x = self.value(ins[0])
-        self.with_activation(Act.NONE, o, *(("Mul", [x, x]) if op == "Square" else (op, [x])))
+        node = self.with_activation(Act.NONE, o, *(("Mul", [x, x]) if op == "Square" else (op, [x])))
+        if self.quantized:
+            _add_int(self.graph, node, "lut", unary_table(op, self.activation_q(ins[0]), self.activation_q(o)))
 
     def relu(self, ins, o, opt, code):
         self.bind(o, self.activation(self.value(ins[0]), code, o, self.fresh(self.tname(o)), standalone=True))

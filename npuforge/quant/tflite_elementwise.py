@@ -5,6 +5,7 @@ integer program an int8 ``.tflite`` import gives them: bit for bit with LiteRT
 
 * GELU (``activations.cc``): LUTPopulate's table: each code dequantized in float32, LiteRT's
   float32 GELU (erf, or the tanh approximation), times ``1 / s_y``, rounded half away from zero.
+* ABS, EXP, LOG, SQRT: tables over the 256 input codes (``unary_table``).
 * RSQRT (``elementwise.cc``): a table over the 256 input codes: ``v = x - zp_x``; 127 where v is 0
   (and where it is negative, which LiteRT refuses at run time); else gemmlowp's inverse square
   root of v (``inv_sqrt_multiplier``) applied to 1 shifted up 20 bits, then the multiplier of
@@ -49,14 +50,46 @@ def _gelu_f32(x: torch.Tensor, approximate: bool) -> torch.Tensor:
     return (0.5 * x) * (1 + torch.erf(x * torch.tensor(np.float32(np.sqrt(0.5)))))
 
 
-def gelu_table(xq, yq, approximate: bool) -> np.ndarray:
-    """LiteRT's int8 GELU: LUTPopulate over every code (float32 dequantization, the transform, times
-    1 / s_y in float32, rounded half away from zero, plus zp_y, saturated)."""
+def lut_populate(xq, yq, transform) -> np.ndarray:
+    """LiteRT's LUTPopulate for int8: every code dequantized in float32, ``transform`` (float32 array
+    -> float32 array), times 1 / s_y in float32, rounded half away from zero, plus zp_y, saturated."""
     codes = np.arange(-128, 128, dtype=np.int64)
-    x = torch.from_numpy((_F32(xq.scale) * (codes - int(xq.zero_point)).astype(np.float32)).astype(np.float32))
-    y = _gelu_f32(x, approximate).numpy() * (_F32(1) / _F32(yq.scale))
+    x = (_F32(xq.scale) * (codes - int(xq.zero_point)).astype(np.float32)).astype(np.float32)
+    y = np.asarray(transform(x), np.float32) * (_F32(1) / _F32(yq.scale))
     out = np.sign(y) * np.floor(np.abs(y) + _F32(0.5)) + int(yq.zero_point)
     return np.clip(out, -128, 127).astype(np.int8)
+
+
+def gelu_table(xq, yq, approximate: bool) -> np.ndarray:
+    """LiteRT's int8 GELU: LUTPopulate of its float32 GELU."""
+    return lut_populate(xq, yq, lambda x: _gelu_f32(torch.from_numpy(x), approximate).numpy())
+
+
+def _correctly_rounded(fn):
+    """A float32 function as C's libm gives it (correctly rounded): computed in double, rounded once."""
+    return lambda x: fn(x.astype(np.float64)).astype(np.float32)
+
+
+def unary_table(op: str, xq, yq) -> np.ndarray:
+    """LiteRT's int8 kernel of a unary op over every code: ABS (``elementwise.cc``) takes |x - zp_x|,
+    requantized by ``s_x / s_y`` unless the scales are equal, plus zp_y; EXP and LOG are LUTPopulate
+    tables of libm's float32 function (LOG of a value <= 0 gives the output's least value); SQRT is
+    ``trunc(sqrt(x) * (1 / s_y)) + zp_y`` in float32 (of a negative value, which LiteRT refuses at
+    run time, 0)."""
+    if op == "Abs":
+        value = np.abs(np.arange(-128, 128, dtype=np.int64) - int(xq.zero_point))
+        if _F32(xq.scale) != _F32(yq.scale):
+            mult, shift = quantize_multiplier(np.float64(_F32(xq.scale) / _F32(yq.scale)))
+            value = requantize_fixedpoint(torch.from_numpy(value), int(mult), int(shift)).numpy()
+        return np.clip(value + int(yq.zero_point), -128, 127).astype(np.int8)
+    if op == "Sqrt":  # truncated, not rounded: fitted to LiteRT 2.3.0 (every code, 40 seeded scale pairs)
+        x = (_F32(xq.scale) * (np.arange(-128, 128) - int(xq.zero_point)).astype(np.float32)).astype(np.float32)
+        y = _correctly_rounded(np.sqrt)(np.maximum(x, 0)) * (_F32(1) / _F32(yq.scale))
+        return np.clip(np.trunc(y) + int(yq.zero_point), -128, 127).astype(np.int8)
+    least = _F32((-128 - int(yq.zero_point)) * _F32(yq.scale))
+    transforms = {"Exp": _correctly_rounded(np.exp),
+                  "Log": lambda x: np.where(x <= 0, least, _correctly_rounded(np.log)(np.maximum(x, _F32(1e-30))))}
+    return lut_populate(xq, yq, transforms[op])
 
 
 def quantize_integers(graph, node, add) -> None:
