@@ -441,8 +441,7 @@ class Reference:
 
     def run_all(self, feeds: list, names: list) -> list:
         """``run`` of each feed dict; MediaPipe's runtime takes them all in one process, its outputs
-        named ``names`` (the graph's outputs, in the file's order: an output that is a no-op slice of
-        another tensor takes that tensor's name in the IR)."""
+        named ``names`` (the graph's outputs, in the file's order)."""
         if self.mediapipe is None:
             return [self.run(f) for f in feeds]
         from mediapipe_runtime import run_mediapipe

@@ -852,6 +852,24 @@ def test_int8_operator_without_integer_rule_is_refused():
         import_tflite(moved, name="m.tflite")
 
 
+def test_an_output_that_is_a_no_op_keeps_the_file_tensors_name():
+    """A graph output the import binds to an inner value (a STRIDED_SLICE that keeps everything, as
+    MediaPipe's landmark models end) is named after the file's tensor, as LiteRT names it."""
+    w = TFLiteWriter()
+    x, inner, out = w.tensor("x", S, "float32"), w.tensor("inner", S, "float32"), w.tensor("out_identity", S, "float32")
+    w.operator(BuiltinOperator.RELU, [x], [inner])
+    ends = [w.tensor(k, (4,), "int32", data=np.array(v, np.int32)) for k, v in
+            (("begin", [0, 0, 0, 0]), ("end", list(S)), ("strides", [1, 1, 1, 1]))]
+    w.operator(BuiltinOperator.STRIDED_SLICE, [inner, *ends], [out], "StridedSliceOptions",
+               BuiltinOptions.StridedSliceOptions)
+    model = w.finish([x], [out])
+    graph = import_tflite(model, name="m")
+    assert graph.outputs == ["out_identity"]
+    assert [d["name"] for d in litert.Interpreter(model_content=model).get_output_details()] == ["out_identity"]
+    xs = np.random.default_rng(0).standard_normal(S).astype(np.float32)
+    np.testing.assert_array_equal(graph.run({graph.inputs[0]: nchw(xs)})["out_identity"], nchw(np.maximum(xs, 0)))
+
+
 def test_load_dispatches_on_the_file_identifier(tmp_path):
     model = model_of("RELU", None, S, S)
     (tmp_path / "relu.bin").write_bytes(model)  # no .tflite suffix: the TFL3 identifier decides

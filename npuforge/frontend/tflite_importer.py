@@ -511,11 +511,30 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
             if t not in self.names:
                 raise UnsupportedError(f"{self.where}: graph output '{self.tname(t)}' is a constant or not computed")
         g.outputs = [self.names[t] for t in outputs]
+        self.name_outputs(outputs)
         self.prune()
         if self.int8_model:
             self.integers()
         g.check()
         return g
+
+    def name_outputs(self, outputs: list[int]) -> None:
+        """Each graph output takes its file tensor's name where the import bound that tensor to another
+        value (an output that is a no-op STRIDED_SLICE or RESHAPE of an inner tensor): the name users and
+        the reference runtime know it by. A graph input, or a value that is two outputs, keeps its name."""
+        g = self.graph
+        for t in outputs:
+            old, new = self.names[t], self.tname(t)
+            if old == new or new in g.values or old in g.inputs or g.outputs.count(old) != 1:
+                continue
+            v = g.values.pop(old)
+            v.name = new
+            g.values[new] = v
+            for node in g.nodes:
+                node.inputs = [new if i == old else i for i in node.inputs]
+                node.outputs = [new if o == old else o for o in node.outputs]
+            g.outputs = [new if o == old else o for o in g.outputs]
+            self.names = {k: (new if n == old else n) for k, n in self.names.items()}
 
     def prune(self) -> None:
         """Drop Transposes left unread by folding, and values nothing refers to."""
