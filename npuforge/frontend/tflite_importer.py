@@ -299,7 +299,7 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
             nhwc = (1,) * (4 - len(shape)) + shape
             return self.reshape(name, shape, nhwc, self.graph.values[name].quant)
         quant = None
-        if self.quantized and data.dtype.kind in "iu" and self.qparams(i) is not None:
+        if self.int8_model and data.dtype.kind in "iu" and self.qparams(i) is not None:  # (an island too)
             p = self.qparams(i, self.dtype(i))
             quant = p
             data = p.dequantize(data)
