@@ -126,7 +126,7 @@ def requant_rule(plain, node, prep: dict, lo: np.ndarray, hi: np.ndarray, offset
     def rule(acc: np.ndarray) -> np.ndarray:
         y = plain._requant(node, torch.from_numpy(acc if offset is None else acc + offset[:, None]), prep,
                            axis=0).numpy()
-        return np.clip(y + zp, lo[:, None] + zp, hi[:, None] + zp) - zp
+        return np.minimum(np.maximum(y + zp, lo[:, None] + zp), hi[:, None] + zp) - zp
 
     return rule
 

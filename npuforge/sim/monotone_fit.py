@@ -64,7 +64,7 @@ class Formula:
         t = np.rint(t) if self.rnd == "round" else np.floor(t)
         if sign is not None:
             t = t.astype(np.float32) * sign.astype(np.float32)
-        return np.clip(t, lo, hi).astype(np.int64)
+        return np.minimum(np.maximum(t, lo), hi).astype(np.int64)  # (np.clip: the same, several times slower)
 
     def steps(self, levels: np.ndarray) -> np.ndarray:
         """Where, in real arithmetic, the formula first reaches each level: a guess of its thresholds."""
