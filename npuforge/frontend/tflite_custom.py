@@ -215,7 +215,10 @@ class CustomRules:
             self.refuse("has its indices read by another operator than MaxUnpooling2D (or as a graph output); "
                         "npuforge imports them only into unpoolings")
         attrs = {"kernel_shape": kernel, "strides": strides, "pads": pads, "output_size": out}
-        self.emit_outputs("MaxPoolWindowArgmax", [self.value(ins[0])], attrs, [values, indices])
+        node = self.emit("MaxPoolWindowArgmax", [self.value(ins[0])], attrs,
+                         outs=[self.fresh(self.tname(t)) for t in (values, indices)])
+        for name, t in zip(node.outputs, (values, indices)):
+            self.bind(t, name)
 
     def max_unpooling(self, ins, o, opt):
         kernel, strides, _ = self.pool_params(ins, 2)

@@ -55,9 +55,9 @@ from ..errors import ModelFormatError, NpuforgeError, UnsupportedError
 from ..ir.graph import Graph, Node, Value
 from ..ir.infer import infer_node, input_infos
 from ..ops.registry import TensorInfo, get_op
+from ..passes.rewrite import rename_value
 from ..quant.config import QuantConfig
 from ..quant.params import QParams
-from ..passes.rewrite import rename_value
 from ..quant.quantize import _quantize_node
 from ..sim.lowering_base import runs_in_float
 from .tflite_custom import CustomRules
@@ -314,42 +314,27 @@ class _Importer(OperatorRules, ShapeRules, RecurrentRules, CustomRules):
         return self.add_const(self.tname(i), data, quant)
 
     def emit(self, op: str, inputs: list, attrs: dict | None = None, out: str | None = None,
-             quant: QParams | None = None, suffix: str = "") -> Node:
-        """Append an IR node (every attribute default filled); its output's shape by inference."""
+             quant: QParams | None = None, suffix: str = "", outs: list[str] | None = None) -> Node:
+        """Append an IR node (every attribute default filled); its outputs' shapes by inference.
+        ``out`` names its one output (``outs`` the outputs of an op with several), ``quant`` the
+        first output's parameters."""
         defaults = get_op(op).attrs
         full = {k: copy.deepcopy(v) for k, v in defaults.items()}
         full.update(attrs or {})
-        name = out or self.fresh(f"{self.base}::{suffix or op.lower()}")
+        names = outs or [out or self.fresh(f"{self.base}::{suffix or op.lower()}")]
         node_name = self.node_base + (f"::{suffix}" if suffix else "")
         while node_name in self.origin:
             node_name += "_"
-        node = Node(node_name, op, list(inputs), [name], full)
-        try:
-            info = infer_node(node, input_infos(node, self.infos))[0]
-        except NpuforgeError as e:
-            raise type(e)(f"{self.where}: {self.at}: {e}") from None
-        self.infos[name] = info
-        self.graph.values[name] = Value(name, info.dtype, tuple(info.shape), quant=quant)
-        self.graph.nodes.append(node)
-        self.origin[node.name] = self.at
-        return node
-
-    def emit_outputs(self, op: str, inputs: list, attrs: dict, tensors: list) -> Node:
-        """``emit`` for an op of several outputs, one per file tensor of ``tensors`` (bound to them)."""
-        full = {k: copy.deepcopy(v) for k, v in get_op(op).attrs.items()}
-        full.update(attrs)
-        node = Node(self.node_base, op, list(inputs), [self.fresh(self.tname(t)) for t in tensors], full)
+        node = Node(node_name, op, list(inputs), names, full)
         try:
             infos = infer_node(node, input_infos(node, self.infos))
         except NpuforgeError as e:
             raise type(e)(f"{self.where}: {self.at}: {e}") from None
-        for name, info in zip(node.outputs, infos):
+        for k, (name, info) in enumerate(zip(names, infos)):
             self.infos[name] = info
-            self.graph.values[name] = Value(name, info.dtype, tuple(info.shape))
+            self.graph.values[name] = Value(name, info.dtype, tuple(info.shape), quant=quant if k == 0 else None)
         self.graph.nodes.append(node)
         self.origin[node.name] = self.at
-        for name, t in zip(node.outputs, tensors):
-            self.bind(t, name)
         return node
 
     def bind(self, o: int, name: str) -> None:

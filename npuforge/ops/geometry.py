@@ -70,6 +70,7 @@ class LandmarksToTransformMatrix(_Geometry):
     summary = ("MediaPipe's Landmarks2TransformMatrix (v2): landmarks [N, L, 3] -> the [N, 4, 4] map from an "
                "output_size (h, w) crop, rotated so landmarks left -> right lie at target_rotation and sized by "
                "scale (x, y) times the subset's rotated bounding box, to landmark coordinates")
+
     def infer(self, node, ins):
         (p,) = ins
         if len(p.shape) != 3 or p.shape[2] != 3:
@@ -160,6 +161,7 @@ class TransformTensorBilinear(_Geometry):
     attr_ranges = {"output_size": (1, 1 << 16)}
     summary = ("MediaPipe's TransformTensorBilinear (v2): an output_size (h, w) crop of x [N, C, H, W] sampled "
                "bilinearly where the [N, 4, 4] map sends each output pixel's centre; 0 where that falls outside")
+
     def infer(self, node, ins):
         x, m = ins
         if len(x.shape) != 4 or list(m.shape[1:]) != [4, 4] or len(m.shape) != 3:
@@ -229,6 +231,7 @@ class TransformLandmarks(_Geometry):
     inputs = (2, 2)
     summary = ("MediaPipe's TransformLandmarks (v2): landmarks [N, L, 2 or 3] with (x, y) mapped by the first two "
                "rows of a [N, 4, 4] matrix; z kept")
+
     def infer(self, node, ins):
         p, m = ins
         if len(p.shape) != 3 or p.shape[2] not in (2, 3) or len(m.shape) != 3 or list(m.shape[1:]) != [4, 4]:

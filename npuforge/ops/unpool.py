@@ -28,14 +28,17 @@ def _window(node) -> tuple:
 
 class _LocalIndexPool(Op):
     quant = "passthrough"
-    attr_kinds = {"kernel_shape": INTS, "strides": INTS, "pads": INTS}
-    attr_ranges = {"kernel_shape": (1, 1 << 16), "strides": (1, 1 << 16), "pads": (0, 1 << 16)}
+    attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0], "output_size": [1, 1]}
+    attr_kinds = {"kernel_shape": INTS, "strides": INTS, "pads": INTS, "output_size": INTS}
+    attr_ranges = {"kernel_shape": (1, 1 << 16), "strides": (1, 1 << 16), "pads": (0, 1 << 16),
+                   "output_size": (1, 1 << 30)}
 
     def check(self, node, x) -> None:
         k, s, p = _window(node)
-        if len(x.shape) != 4 or len(k) != 2 or len(s) != 2 or len(p) != 2:
-            fail(node, f"needs a 4-D input and 2-D kernel_shape, strides and (top, left) pads, got "
-                       f"{list(x.shape)}, {list(k)}, {list(s)}, {list(p)}")
+        size = node.attrs["output_size"]
+        if len(x.shape) != 4 or len(k) != 2 or len(s) != 2 or len(p) != 2 or len(size) != 2:
+            fail(node, f"needs a 4-D input and 2-D kernel_shape, strides, (top, left) pads and output_size, got "
+                       f"{list(x.shape)}, {list(k)}, {list(s)}, {list(p)}, {list(size)}")
 
     def onnx_nodes(self, node):
         raise UnsupportedError(f"node '{node.name}' ({node.op}): window-local indices have no ONNX form (ONNX's "
@@ -46,9 +49,6 @@ class _LocalIndexPool(Op):
 class MaxPoolWindowArgmax(_LocalIndexPool):
     name = "MaxPoolWindowArgmax"
     outputs = (2, 2)
-    attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0], "output_size": [1, 1]}
-    attr_kinds = {**_LocalIndexPool.attr_kinds, "output_size": INTS}
-    attr_ranges = {**_LocalIndexPool.attr_ranges, "output_size": (1, 1 << 30)}
     summary = ("max over kh x kw windows (pads (top, left): the window starts there; cells outside the input "
                "are skipped) of an output_size (h, w) map, and the window-local int64 index fy * kw + fx of each "
                "first maximum (MediaPipe's MaxPoolingWithArgmax2D)")
@@ -78,9 +78,6 @@ class MaxPoolWindowArgmax(_LocalIndexPool):
 class MaxUnpoolWindow(_LocalIndexPool):
     name = "MaxUnpoolWindow"
     inputs = (2, 3)
-    attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0], "output_size": [1, 1]}
-    attr_kinds = {**_LocalIndexPool.attr_kinds, "output_size": INTS}
-    attr_ranges = {**_LocalIndexPool.attr_ranges, "output_size": (1, 1 << 30)}
     summary = ("x placed into an output_size (h, w) map of fill (default 0) at (y * sh - top + i // kw, x * sw - "
                "left + i % kw) for its window-local int64 index i; the later of two values for one place wins, "
                "places outside are dropped (MediaPipe's MaxUnpooling2D)")
