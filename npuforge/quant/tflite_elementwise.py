@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ..sim.int_ops import requantize_fixedpoint
+from .fixedpoint import round_half_away
 from .gemmlowp import inv_sqrt_multiplier
 from .requant import quantize_multiplier
 
@@ -56,8 +57,7 @@ def lut_populate(xq, yq, transform) -> np.ndarray:
     codes = np.arange(-128, 128, dtype=np.int64)
     x = (_F32(xq.scale) * (codes - int(xq.zero_point)).astype(np.float32)).astype(np.float32)
     y = np.asarray(transform(x), np.float32) * (_F32(1) / _F32(yq.scale))
-    out = np.sign(y) * np.floor(np.abs(y) + _F32(0.5)) + int(yq.zero_point)
-    return np.clip(out, -128, 127).astype(np.int8)
+    return np.clip(round_half_away(y) + int(yq.zero_point), -128, 127).astype(np.int8)
 
 
 def gelu_table(xq, yq, approximate: bool) -> np.ndarray:

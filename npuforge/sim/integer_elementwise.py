@@ -11,6 +11,7 @@ import torch
 
 from ..errors import UnsupportedError
 from ..ops.registry import get_op
+from ..quant.fixedpoint import round_half_away
 from ..quant.requant import extra_bits
 from .int_ops import max_abs_code, rounding_divide, rounding_divide_by_pot
 
@@ -149,4 +150,4 @@ def tflite_sum_output(raw_sum: torch.Tensor, scale, bias) -> torch.Tensor:
     """``round_half_away(float32(raw_sum) * s + b)`` in float32 (int64, before the zero point and the
     saturation): the sum of the raw codes is exact in float32 below 2^24."""
     v = raw_sum.to(torch.float32) * torch.tensor(np.float32(scale)) + torch.tensor(np.float32(bias))
-    return (torch.sign(v) * torch.floor(v.abs() + 0.5)).to(torch.int64)
+    return torch.from_numpy(round_half_away(v.numpy())).to(torch.int64)
