@@ -80,6 +80,11 @@ class Formula:
             x -= self.pre[:, None]
         return np.clip(np.nan_to_num(x, nan=2.0**62), -2.0**62, 2.0**62).astype(np.int64)
 
+    def rows(self, k: np.ndarray) -> "Formula":
+        """This formula on the channels ``k`` alone."""
+        return dataclasses.replace(self, **{f: None if getattr(self, f) is None else getattr(self, f)[k]
+                                            for f in ("r", "b", "pre")})
+
     def take(self, other: "Formula", mask: np.ndarray) -> "Formula":
         """This formula with the channels in ``mask`` taken from ``other`` (same structure)."""
         def pick(x, y):
@@ -111,20 +116,30 @@ def thresholds(exact, a: np.ndarray, b: np.ndarray, levels: np.ndarray, guess: n
     right = (np.where(g <= b_, at_g, True)) & np.where(g > a_, ~below, True)
     if right.all():
         return g
-    # elsewhere search, in a window around the guess where it brackets the threshold
-    lo = np.where(right, g, np.maximum(g - 64, a_))
-    hi = np.where(right, g, np.minimum(g + 64, b_ + 1))
-    fine = (lo == a_) | (exact(np.maximum(lo - 1, a_)) < levels)
-    fine &= (hi > b_) | (exact(np.minimum(hi, b_)) >= levels)
-    lo, hi = np.where(fine, lo, a_), np.where(fine, hi, b_ + 1)
+    # the wrong guesses are few (a channel's float formula off at a level or two): search them alone,
+    # packed to the left of narrower [C, J'] arrays (exact reads row c as channel c)
+    width = int((~right).sum(axis=1).max())
+    cols = np.argsort(right, axis=1, kind="stable")[:, :width]
+    pick = lambda v: np.take_along_axis(np.broadcast_to(v, right.shape), cols, axis=1)  # noqa: E731
+    todo, levels_, g_ = ~pick(right), pick(levels), pick(g)
+    a_, b_ = a_[:, :width], b_[:, :width]
+    # in a window around the guess where it brackets the threshold, else over [a, b]
+    lo = np.where(todo, np.maximum(g_ - 64, a_), g_)
+    hi = np.where(todo, np.minimum(g_ + 64, b_ + 1), g_)
+    fine = (lo == a_) | (exact(np.maximum(lo - 1, a_)) < levels_)
+    fine &= (hi > b_) | (exact(np.minimum(hi, b_)) >= levels_)
+    lo, hi = np.where(fine | ~todo, lo, a_), np.where(fine | ~todo, hi, b_ + 1)
     while True:
         open_ = lo < hi
         if not open_.any():
-            return lo
+            break
         mid = np.minimum((lo + hi) // 2, b_)  # never evaluate outside [a, b]
-        ge = exact(mid) >= levels
+        ge = exact(mid) >= levels_
         hi = np.where(open_ & ge, mid, hi)
         lo = np.where(open_ & ~ge, mid + 1, lo)
+    out = g.copy()
+    np.put_along_axis(out, cols, np.where(todo, lo, g_), axis=1)
+    return out
 
 
 def exact_steps(exact, guide, a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray):
@@ -140,11 +155,13 @@ def exact_steps(exact, guide, a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: 
 
 
 def verify(exact, formula: Formula, a: np.ndarray, b: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-           steps: tuple | None = None) -> np.ndarray:
+           steps: tuple | None = None, exact_ends: np.ndarray | None = None) -> np.ndarray:
     """Per channel: does ``formula`` equal ``exact`` on every integer of [a_c, b_c]?
 
     a, b, lo, hi: int64 arrays [C] (lo, hi: the clamp range of the outputs); ``steps``:
-    :func:`exact_steps` of the same (exact, a, b, lo, hi), when the caller has it."""
+    :func:`exact_steps` of the same (exact, a, b, lo, hi), when the caller has it;
+    ``exact_ends``: ``exact`` at [a, b] ([C, 2]), when the caller has it (then ``exact`` is
+    not called: the arrays may be a subset of its channels)."""
     levels, t = steps if steps is not None else exact_steps(exact, formula, a, b, lo, hi)
     lo_, hi_ = lo[:, None], hi[:, None]
     at = formula.evaluate(np.minimum(t, b[:, None]), lo_, hi_)
@@ -153,7 +170,7 @@ def verify(exact, formula: Formula, a: np.ndarray, b: np.ndarray, lo: np.ndarray
     ok = np.where(inside, at >= levels, at < levels)  # threshold outside: f(b) < j too
     ok &= np.where(inside & (t > a[:, None]), before < levels, True)
     ends = np.stack([a, b], axis=1)  # and the lowest value (no level below it to test)
-    ok_ends = (formula.evaluate(ends, lo_, hi_) == exact(ends)).all(axis=1)
+    ok_ends = (formula.evaluate(ends, lo_, hi_) == (exact(ends) if exact_ends is None else exact_ends)).all(axis=1)
     return ok.all(axis=1) & ok_ends
 
 
@@ -176,9 +193,10 @@ def fit_channels(exact, candidates, a, b, lo, hi) -> tuple[Formula | None, np.nd
         return None, ~todo
     chosen, steps = None, exact_steps(exact, candidates[0], a, b, reach_lo, reach_hi) if candidates else None
     for formula in candidates:
-        ok = verify(exact, formula, a, b, lo, hi, steps)
-        good = ok & todo
-        chosen = formula if chosen is None else chosen.take(formula, good)
+        k = np.flatnonzero(todo)  # later candidates are checked on the channels still unproven only
+        ok = np.zeros(a.shape, bool)
+        ok[k] = verify(None, formula.rows(k), a[k], b[k], lo[k], hi[k], (steps[0][k], steps[1][k]), ends[k])
+        chosen = formula if chosen is None else chosen.take(formula, ok)
         todo &= ~ok
         if not todo.any():
             break
