@@ -533,6 +533,9 @@ class LoweredSimulator:
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
+        # a node kept in float runs between DequantizeLinear and QuantizeLinear, which ONNX Runtime's QDQ
+        # optimizers would fuse into an int8 kernel or, between two such nodes, drop with their rounding
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
         forms = {"qoperator": QOperatorBuilder, "float": _Builder}
         for self.form in [form] if form else list(forms):
             try:

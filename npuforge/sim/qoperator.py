@@ -179,7 +179,35 @@ class QOperatorBuilder(LoweringBuilder):
         self.report[node.name] = f"in float ({why}): {self._float.report.get(node.name, '')}"
 
     def _float_node(self, node):
-        self._in_float(node, "kept in float")
+        """A node kept in float between ONNX Runtime's ``DequantizeLinear`` of its uint8 inputs
+        (``float32(q - zp) * s``, the float lowering's numbers) and ``QuantizeLinear`` of its
+        uint8 outputs (``rint(y / s) + zp`` saturated to [0, 255], MLAS dividing in float32:
+        the quantizer's rounding, clamped to [qmin, qmax] after): one pass over each instead
+        of the float lowering's five elementwise ops on the output and three on each input."""
+        g = self.graph
+        renames = {}
+        for name in node.inputs:
+            v = g.values[name] if name else None
+            if v is not None and v.is_const:
+                self.const(name, np.asarray(v.data))
+            elif v is not None and v.quant is not None:
+                renames[name] = f"{name}::deq"
+                if renames[name] not in self._made:  # once per value, whoever else reads it in float
+                    self._made.add(renames[name])
+                    self.emit("DequantizeLinear", [name, *self.qparams(node, name)], renames[name])
+        quantized = [y for y in node.outputs if y and g.values[y].quant is not None]
+        for emitted in _nodes_of(g, node):
+            emitted.input[:] = [renames.get(n, n) for n in emitted.input]
+            emitted.output[:] = [f"{n}::float" if n in quantized else n for n in emitted.output]
+            self.nodes.append(emitted)
+        for y in quantized:
+            p = self.codes(node, y)
+            full = (p.qmin, p.qmax) == (0, 255)
+            t = self.emit("QuantizeLinear", [f"{y}::float", *self.qparams(node, y)], y if full else f"{y}::sat")
+            if not full:
+                self.emit("Clip", [t, self.const(f"{y}::qmin", np.uint8(p.qmin)),
+                                   self.const(f"{y}::qmax", np.uint8(p.qmax))], y)
+        self.report[node.name] = "in float (kept in float by the quantizer): DequantizeLinear, the op, QuantizeLinear"
 
     def _zero_point(self, name: str) -> np.float32:
         return np.float32(int(self.graph.values[name].quant.zero_point))
