@@ -208,6 +208,56 @@ def test_layer_errors_and_ranking_name_the_bad_layer(net):
     assert all(v.quant is not None for v in q.values.values() if v.name in probe.qact)  # restored
 
 
+def test_isolated_runs_from_the_float_prefix_equal_whole_runs(net, monkeypatch):
+    """Each isolated layer's network-output error starts from the float values one float run gave
+    (the suffix of the graph from that layer); with no room for them (budget 0) every run is
+    whole. The two agree up to float summation order, and the suffixes are what ran."""
+    import npuforge.analysis.layers as layers_mod
+
+    graph, calib, x, _ = net
+    cal = Calibration(optimize(graph)[0], calib)
+    probe = LayerProbe(cal.build(QuantConfig(granularity="per-tensor")))
+    float_logits = cal.graph.run({cal.graph.inputs[0]: x[:16]})[cal.graph.outputs[0]]
+    runs = {layer.node: (layer.node, "same") for layer in probe.layers}
+    whole = probe.output_errors(x[:16], float_logits, runs, budget=0)
+    started = []
+    real_suffix = layers_mod.suffix
+    monkeypatch.setattr(layers_mod, "suffix", lambda g, i: started.append(i) or real_suffix(g, i))
+    parts = probe.output_errors(x[:16], float_logits, runs)
+    assert started == [probe.index[n] for n in runs] and max(started) > 0
+    for node in runs:
+        assert parts[node].noise == pytest.approx(whole[node].noise, rel=1e-3), node
+
+
+def test_suffix_from_live_values_equals_the_whole_graph():
+    """live_values: what the nodes from i on read that earlier nodes made, a skip connection's
+    value included; the suffix graph run on them gives the whole graph's outputs."""
+    from npuforge.ir.subgraph import live_values, suffix, with_outputs
+
+    class Skip(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Conv2d(4, 4, 3, padding=1)
+
+        def forward(self, x):
+            y = torch.relu(self.a(x))
+            return torch.relu(self.b(y)) + y
+
+    torch.manual_seed(0)
+    g = npuforge.from_torch(Skip().eval(), torch.zeros(1, 3, 6, 6))
+    x = np.random.default_rng(0).standard_normal((2, 3, 6, 6)).astype(np.float32)
+    whole = g.run({g.inputs[0]: x})[g.outputs[0]]
+    for i in range(len(g.nodes) + 1):
+        names = live_values(g, i)
+        assert (names == g.inputs) if i == 0 else (g.inputs[0] not in names)
+        before = with_outputs(g, names).run({g.inputs[0]: x}) if i else {g.inputs[0]: x}
+        sub = suffix(g, i)
+        got = sub.run({n: before[n] for n in sub.inputs})[g.outputs[0]]
+        np.testing.assert_array_equal(got, whole)
+    add = next(k for k, n in enumerate(g.nodes) if n.op == "Add")
+    assert len(live_values(g, add)) == 2  # the skip connection's value is live across the second conv
+
+
 def test_analyze_fixes_and_search(net):
     graph, calib, x, labels = net
     result, best = analyze(graph, calib, x, labels, QuantConfig(granularity="per-tensor"), analysis_images=16,

@@ -12,7 +12,8 @@ of the summed output noise says how much of the total damage it explains.
 Layer outputs: the float and the fake-quant networks run in lockstep over chunks
 of images, node by node, so only live values are held. Network outputs of the
 isolated layers: ONNX Runtime runs one QDQ model per layer (all parameters but that
-layer's stripped), several times faster than re-running npuforge's executor.
+layer's stripped), several times faster than re-running npuforge's executor, and
+each from that layer on: the float values it starts from come from one float run.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..ir.subgraph import live_values, suffix, with_outputs
 from ..ops.registry import get_op
 from ..sim.float_exec import check_feeds, last_uses
 from .metrics import ErrorStats, weight_stats
 
 ANALYSED_KINDS = ("compute", "matmul", "elementwise", "pool", "lut")
+PREFIX_BUDGET = 1 << 30  # bytes of float values kept to start the isolated runs mid-network
 
 
 @dataclass
@@ -159,21 +162,49 @@ class LayerProbe:
         return _Isolated(self, node_name, output_params)
 
     def output_errors(self, x: np.ndarray, float_logits: np.ndarray, runs: dict, batch_size: int = 50,
-                      progress=None) -> dict:
+                      progress=None, budget: int = PREFIX_BUDGET) -> dict:
         """Network-output error of isolated layers: ``runs`` maps a key to (node name, output
-        params or "same") -> {key: ErrorStats}. ONNX Runtime runs each one-layer QDQ model."""
+        params or "same") -> {key: ErrorStats}. ONNX Runtime runs each one-layer QDQ model from
+        that layer on: everything before it is the float network, whose values one float run
+        gives them all (when they fit in ``budget`` bytes; else each runs whole)."""
         from .session import ort_logits
 
+        starts = {key: self.index[node_name] for key, (node_name, _) in runs.items()}
+        before = self._float_values(x, sorted(set(starts.values())), batch_size, budget)
         out = {}
         for done, (key, (node_name, params)) in enumerate(runs.items(), 1):
             with self.isolated_graph(node_name, params) as g:  # one QDQ layer: the float kernels' speed matters
-                logits = ort_logits(g, x, batch_size, optimized=True)
+                if before is None:
+                    logits = ort_logits(g, x, batch_size, optimized=True)
+                else:
+                    rest = suffix(g, starts[key])
+                    logits = ort_logits(rest, {n: before[n] for n in rest.inputs}, batch_size, optimized=True)
             stats = ErrorStats()
             stats.update(torch.from_numpy(float_logits), torch.from_numpy(logits))
             out[key] = stats
             if progress is not None:
                 progress(done)
         return out
+
+    def _float_values(self, x: np.ndarray, starts: list, batch_size: int, budget: int) -> dict | None:
+        """{value: array over ``x``}: every value the float network computes before one of the
+        nodes ``starts`` and reads from it on; None when they would take more than ``budget``
+        bytes (or a shape is not known)."""
+        from .session import ort_outputs
+
+        names = sorted({n for i in starts if i > 0 for n in live_values(self.g, i)} - set(self.g.inputs))
+        size = 0
+        for name in names:
+            shape = self.g.values[name].shape
+            if shape is None or not all(isinstance(d, int) for d in shape[1:]):
+                return None
+            size += len(x) * int(np.prod(shape[1:], dtype=np.int64)) * 4
+        if size > budget:
+            return None
+        with self.isolated_graph(None, None) as g:
+            g_all = with_outputs(g, names)
+            values = ort_outputs(g_all, x, names, batch_size) if names else {}
+        return {**values, self.g.inputs[0]: x}
 
     def rank(self) -> list[Layer]:
         """Layers by their isolated network-output noise, largest first; ``share`` of the sum."""
@@ -191,6 +222,9 @@ class _Isolated:
 
     def __init__(self, probe: LayerProbe, node_name: str, output_params):
         self.g = probe.g
+        if node_name is None:  # the float network
+            self.keep, self.output, self.output_params = set(), None, None
+            return
         node = probe.nodes[probe.index[node_name]]
         self.keep = {n for n in node.inputs if n and self.g.values[n].quant is not None}
         self.output, self.output_params = node.outputs[0], output_params
@@ -200,7 +234,9 @@ class _Isolated:
         for n, v in self.g.values.items():
             if n not in self.keep:
                 v.quant = None
-        if self.output_params == "same":
+        if self.output is None:
+            pass
+        elif self.output_params == "same":
             self.g.values[self.output].quant = self.saved[self.output]
         else:
             self.g.values[self.output].quant = self.output_params

@@ -223,7 +223,14 @@ def ort_logits(graph, x: np.ndarray, batch_size: int = 50, optimized: bool = Fal
     """The graph's first output in ONNX Runtime: float, or QDQ with graph optimizations off.
     ``optimized``: a QDQ graph with ONNX Runtime's float optimizations on (its blocked conv
     layout, fused activations) but no QDQ fusion, so Q/DQ still run as float ops: the same
-    fake-quant function in another summation order, 2.2x faster on a mostly float graph."""
+    fake-quant function in another summation order, 2.2x faster on a mostly float graph.
+    ``x``: the first input's images, or {input name: array} for a graph of several inputs."""
+    return ort_outputs(graph, x, [graph.outputs[0]], batch_size, optimized)[graph.outputs[0]]
+
+
+def ort_outputs(graph, x, names: list, batch_size: int = 50, optimized: bool = False) -> dict:
+    """{name: array} of the graph's outputs ``names`` in ONNX Runtime (as :func:`ort_logits`), over
+    ``x`` (the first input's images, or {input name: array}) in batches of ``batch_size``."""
     from ..export import to_onnx, to_qdq_onnx
     from ..sim.fake_quant import is_quantized
 
@@ -236,9 +243,10 @@ def ort_logits(graph, x: np.ndarray, batch_size: int = 50, optimized: bool = Fal
     elif quantized:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    out_name, in_name = session.get_outputs()[0].name, session.get_inputs()[0].name
-    return np.concatenate([session.run([out_name], {in_name: x[i:i + batch_size]})[0]
-                           for i in range(0, len(x), batch_size)])
+    feeds = x if isinstance(x, dict) else {session.get_inputs()[0].name: x}
+    n = len(next(iter(feeds.values())))
+    runs = [session.run(names, {k: v[i:i + batch_size] for k, v in feeds.items()}) for i in range(0, n, batch_size)]
+    return {name: np.concatenate([r[k] for r in runs]) for k, name in enumerate(names)}
 
 
 def top1(logits: np.ndarray, labels: np.ndarray) -> float:

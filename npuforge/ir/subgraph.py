@@ -1,0 +1,37 @@
+"""Cutting a graph after its first nodes, so that an evaluation can start from values
+an earlier run computed (``analyze`` reuses the unchanged prefix of a network)."""
+
+from __future__ import annotations
+
+from .graph import Graph
+
+
+def live_values(graph: Graph, start: int) -> list[str]:
+    """The values that nodes ``start`` onward (or the graph's outputs) read but that nodes
+    before ``start`` (or the graph's inputs) produce: what a run from node ``start`` needs, in
+    the order they are first read."""
+    made = set(graph.inputs) | {y for node in graph.nodes[:start] for y in node.outputs if y}
+    needed = [name for node in graph.nodes[start:] for name in node.inputs] + list(graph.outputs)
+    out, seen = [], set()
+    for name in needed:
+        if name and name in made and name not in seen and not graph.values[name].is_const:
+            seen.add(name)
+            out.append(name)
+    return out
+
+
+def suffix(graph: Graph, start: int) -> Graph:
+    """The graph from node ``start`` on, its inputs the :func:`live_values` there. It shares
+    its nodes and values with ``graph`` (read it, do not change it)."""
+    sub = Graph(graph.name)
+    sub.inputs, sub.outputs = live_values(graph, start), list(graph.outputs)
+    sub.nodes, sub.values, sub.metadata = graph.nodes[start:], graph.values, graph.metadata
+    return sub
+
+
+def with_outputs(graph: Graph, extra: list[str]) -> Graph:
+    """``graph`` also giving the values ``extra`` as outputs (sharing nodes and values)."""
+    out = Graph(graph.name)
+    out.inputs, out.nodes, out.values, out.metadata = list(graph.inputs), graph.nodes, graph.values, graph.metadata
+    out.outputs = list(graph.outputs) + [n for n in extra if n not in graph.outputs]
+    return out
