@@ -158,6 +158,28 @@ def test_int_engine_scores_the_integer_program_and_each_distinct_program_once(ne
     assert scorer.ev.runs == 2 and len(scorer.memo) == 3
 
 
+def test_variants_start_where_they_leave_the_first_program(net):
+    """The integer program of a variant that changes a later layer runs from that layer on, from
+    the codes the first run there kept; its logits equal the whole program's, bit for bit (an
+    early change, and a variant after a kept start, included)."""
+    from npuforge.analysis.prefix import node_digests
+
+    graph, calib, x, labels = net
+    cal = Calibration(optimize(graph)[0], calib)
+    base = QuantConfig(granularity="per-tensor")
+    later = "/c2/Conv"
+    variants = [{}, {later: "float"}, {later: "int16"}, {DW: "float"}, {later: "per-channel"}]
+    graphs = [cal.build(with_changes(base, c)) for c in variants]
+    whole, parts = Evaluator(x, labels, "int", batch_size=32), Evaluator(x, labels, "int", batch_size=32)
+    whole._prefixes.budget = 0
+    for q in graphs:
+        np.testing.assert_array_equal(parts.logits(q), whole.logits(q))
+    start = next(i for i, n in enumerate(graphs[0].nodes) if n.name == later)
+    assert start in parts._prefixes.kept and not whole._prefixes.kept
+    digests = [node_digests(q) for q in graphs]
+    assert digests[1][:start] == digests[0][:start] and digests[1][start] != digests[0][start]
+
+
 def test_int_engine_falls_back_by_name(net, monkeypatch):
     """An int8 program with no fast lowering: a note naming why, then every quantized configuration
     scored as engine "ort" (QDQ in float); one variant alone with none: the plain simulator."""

@@ -24,6 +24,7 @@ from ..quant.norm_spread import slices_of, track_spreads
 from ..quant.observers import HistogramObserver, MeanObserver
 from ..quant.quantize import apply_parameters, make_plan, record
 from ..sim.float_exec import execute
+from .prefix import PrefixCache
 
 
 class _MethodView:
@@ -163,6 +164,7 @@ class Evaluator:
         self.seconds = 0.0
         self._lowered_once = False
         self._codes: dict = {}  # the images quantized once per distinct input grid
+        self._prefixes = PrefixCache()  # codes where variants leave the first program, to start there
 
     def logits(self, graph) -> np.ndarray:
         from ..sim.fake_quant import is_quantized, run_fake_quant
@@ -184,9 +186,19 @@ class Evaluator:
         return out
 
     def _integer_logits(self, graph) -> np.ndarray:
+        """The integer program's logits; from where it first differs from the first program scored
+        when the codes there are kept (:mod:`npuforge.analysis.prefix`)."""
+        from ..ir.subgraph import suffix, with_outputs
         from ..sim.lowered import make_simulator
 
-        sim = make_simulator(graph, "fixedpoint", "fast")
+        out = graph.outputs[0]
+        first, kept = self._prefixes.start(graph)
+        if kept:
+            sim = make_simulator(suffix(graph, first), "fixedpoint", "fast")
+            if not getattr(sim, "fallback", None):
+                return self._dequantized(graph, out, self._run(sim, self._prefixes.kept[first], [out])[out])
+        keep = self._prefixes.worth_keeping(graph, first, len(self.x)) if first else None
+        sim = make_simulator(with_outputs(graph, keep) if keep else graph, "fixedpoint", "fast")
         why = getattr(sim, "fallback", None)  # set when the plain simulator was all make_simulator had
         if why and not self._lowered_once:
             self.log(f"note: the integer program has no fast lowering ({why}); top-1 is scored on the QDQ "
@@ -196,10 +208,25 @@ class Evaluator:
         if why:
             self.log(f"note: this variant has no fast lowering ({why}); the plain integer simulator scores it")
         self._lowered_once = True
-        name, out = graph.inputs[0], graph.outputs[0]
-        x = self._input_codes(graph.values[name].quant)
-        return np.concatenate([sim.run({name: x[i:i + self.batch_size]})[out]
-                               for i in range(0, len(x), self.batch_size)])
+        name = graph.inputs[0]
+        codes = self._run(sim, {name: self._input_codes(graph.values[name].quant)}, [out, *(keep or [])])
+        if keep and not why:
+            self._prefixes.keep(first, {n: codes[n] for n in keep})
+        return self._dequantized(graph, out, codes[out])
+
+    def _run(self, sim, feeds: dict, names: list) -> dict:
+        """{name: output codes} of ``sim`` over ``feeds`` (arrays over every image), batch by batch."""
+        n = len(next(iter(feeds.values())))
+        runs = [sim.run({k: v[i:i + self.batch_size] for k, v in feeds.items()}, names, dequantize=False)
+                for i in range(0, n, self.batch_size)]
+        return {name: np.concatenate([np.asarray(r[name]) for r in runs]) for name in names}
+
+    @staticmethod
+    def _dequantized(graph, name: str, codes: np.ndarray) -> np.ndarray:
+        from ..sim.integer import dequantize_output
+
+        p = graph.values[name].quant
+        return codes if p is None or codes.dtype.kind == "f" else dequantize_output(codes, p)
 
     def _input_codes(self, p) -> np.ndarray:
         """The images as the integer program's input codes (its host's QuantizeLinear), computed once

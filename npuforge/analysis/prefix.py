@@ -1,0 +1,85 @@
+"""Starting a quantized variant's integer program where it first differs from the base.
+
+``analyze`` scores many variants of one quantized graph, each changing a few layers
+(one kept in float, one in int16, another observer). Every node before the first
+changed one computes the same codes as in the base program, so the codes of the values
+that cross that point are kept from the first run that computes them, and a later
+variant that changes nothing before that point runs only from there on."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from ..ir.subgraph import live_values
+
+BUDGET = 1 << 30  # bytes of kept codes
+SHORTEST = 0.1  # a prefix worth keeping holds at least this share of the nodes
+
+
+def node_digests(graph) -> list[str]:
+    """Per node, a digest of all that decides its output codes given its input codes: the node,
+    its integer constants, its constant inputs and the parameters of every value it reads or
+    writes."""
+    def value(name):
+        v = graph.values[name]
+        q = v.quant
+        parts = [name, v.dtype, None if q is None else (q.dtype, q.axis, np.asarray(q.scale).tobytes(),
+                                                          np.asarray(q.zero_point).tobytes())]
+        if v.is_const:
+            parts.append(np.ascontiguousarray(v.data).tobytes())
+        return repr(parts).encode()
+
+    out = []
+    for node in graph.nodes:
+        h = hashlib.sha256(repr((node.op, node.inputs, node.outputs, sorted(node.attrs.items()),
+                                 sorted(node.quant.items()))).encode())
+        for name in [*node.inputs, *node.outputs, *node.quant.values()]:
+            if name and name in graph.values:
+                h.update(value(name))
+        out.append(h.hexdigest())
+    return out
+
+
+class PrefixCache:
+    """The codes of values at the points where variants first left the base program."""
+
+    def __init__(self, budget: int = BUDGET):
+        self.budget = budget
+        self.base: list[str] | None = None  # node digests of the first program scored
+        self.kept: dict[int, dict] = {}  # start node -> {value: codes over every image}
+        self.size = 0
+
+    def start(self, graph) -> tuple[int, bool]:
+        """(the node to start ``graph`` from, whether codes are kept for it); (0, False) runs it whole."""
+        digests = node_digests(graph)
+        if self.base is None:
+            self.base = digests
+            return 0, False
+        first = next((i for i, (a, b) in enumerate(zip(digests, self.base)) if a != b), min(len(digests),
+                                                                                            len(self.base)))
+        kept = [i for i in self.kept if i <= first]
+        if kept:
+            return max(kept), True
+        return first, False
+
+    def worth_keeping(self, graph, first: int, images: int) -> list[str] | None:
+        """The values to keep for starting at node ``first`` (uint8 per-tensor codes within the
+        budget, after a prefix long enough to matter), or None."""
+        if first < SHORTEST * len(graph.nodes):
+            return None
+        names = live_values(graph, first)
+        size = 0
+        for name in names:
+            v = graph.values[name]
+            q, shape = v.quant, v.shape
+            if q is None or q.dtype != "uint8" or q.per_channel or shape is None or \
+                    not all(isinstance(d, int) for d in shape[1:]):
+                return None
+            size += images * int(np.prod(shape[1:], dtype=np.int64))
+        return names if self.size + size <= self.budget else None
+
+    def keep(self, first: int, codes: dict) -> None:
+        self.kept[first] = codes
+        self.size += sum(a.nbytes for a in codes.values())
