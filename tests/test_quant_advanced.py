@@ -150,6 +150,37 @@ def test_integer_simulator_applies_per_channel_clip_bounds(rounding):
 
 # -- bias correction ------------------------------------------------------------------------
 
+def test_variants_that_differ_after_calibration_share_it_and_equal_quantize():
+    """quantize_variants gives quantize's graphs byte for byte (IR text and weights), calibrating
+    once for the configurations that differ only in steps after calibration."""
+    import importlib
+
+    from npuforge.ir.textio import dumps
+    from npuforge.quant.config import QuantConfig
+
+    quantize_mod = importlib.import_module("npuforge.quant.quantize")  # (the package exports its function)
+
+    g = graph_of(21)
+    calib = data(22, n=4)
+    configs = [QuantConfig(granularity="per-tensor", equalize=True),
+               QuantConfig(granularity="per-tensor", equalize=True, bias_correction=True),
+               QuantConfig(granularity="per-tensor")]
+    calls = []
+    real = quantize_mod._calibrated
+    try:
+        quantize_mod._calibrated = lambda *a, **k: calls.append(1) or real(*a, **k)
+        shared = quantize_mod.quantize_variants(g, calib, configs, log=lambda m: None)
+    finally:
+        quantize_mod._calibrated = real
+    assert len(calls) == 2
+    for config, got in zip(configs, shared):
+        want = npuforge.quantize(g, calib, config, log=lambda m: None)
+        assert dumps(got, "w", "") == dumps(want, "w", "")
+        for name, v in want.values.items():
+            if v.is_const:
+                np.testing.assert_array_equal(got.values[name].data, v.data)
+
+
 def test_bias_correction_removes_the_mean_output_shift():
     g = graph_of(21)
     calib = data(22, n=6)

@@ -40,16 +40,25 @@ DEFAULT_REMEDIES = (("equalize",), ("equalize", "bias_correction"))
 REMEDIES = ("equalize", "bias_correction", "adaround")
 
 
-def _remedy(graph, calib_batches, config: QuantConfig, steps: tuple, ev, int8: float) -> dict:
-    """top-1 of the whole model quantized by ``npuforge.quantize`` with ``steps`` on."""
-    from ..quant import quantize
+def _remedies(graph, calib_batches, config: QuantConfig, remedies: tuple, ev, int8: float, log) -> list[dict]:
+    """top-1 of the whole model quantized by ``npuforge.quantize`` with each remedy's steps on (the
+    remedies that differ only in steps after calibration calibrate once: ``quantize_variants``);
+    each row's seconds: its evaluation and an equal part of the quantizing."""
+    from ..quant.quantize import quantize_variants
 
     start = time.perf_counter()
-    q = quantize(graph, list(calib_batches), dataclasses.replace(config, **{s: True for s in steps}),
-                 optimize=False, log=lambda m: None)
-    top1 = ev.top1(q)
-    return {"remedy": " + ".join(s.replace("_", " ") for s in steps), "top1": round(top1, 3),
-            "delta": round(top1 - int8, 3), "seconds": round(time.perf_counter() - start, 1)}
+    graphs = quantize_variants(graph, list(calib_batches), [dataclasses.replace(config, **{s: True for s in steps})
+                                                             for steps in remedies], optimize=False,
+                               log=lambda m: None)
+    share = (time.perf_counter() - start) / max(len(remedies), 1)
+    rows = []
+    for steps, q in zip(remedies, graphs):
+        begin = time.perf_counter()
+        top1 = ev.top1(q)
+        rows.append({"remedy": " + ".join(s.replace("_", " ") for s in steps), "top1": round(top1, 3),
+                     "delta": round(top1 - int8, 3), "seconds": round(share + time.perf_counter() - begin, 1)})
+        log(f"  {' + '.join(steps)}: top-1 {rows[-1]['top1']:.2f}% ({rows[-1]['delta']:+.2f})")
+    return rows
 
 
 def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config: QuantConfig | None = None, *,
@@ -123,11 +132,9 @@ def analyze(graph, calib_batches, x_eval: np.ndarray, y_eval: np.ndarray, config
         fixes += try_fixes(scorer, layer, int8)
     lap("fixes")
 
-    remedy_rows = []
-    for steps in remedies:
-        log(f"whole-model remedy: {' + '.join(steps)}")
-        remedy_rows.append(_remedy(opt, calib_batches, config, steps, ev, int8))
-        log(f"  top-1 {remedy_rows[-1]['top1']:.2f}% ({remedy_rows[-1]['delta']:+.2f})")
+    if remedies:
+        log(f"whole-model remedies: quantizing with {'; '.join(' + '.join(steps) for steps in remedies)}")
+    remedy_rows = _remedies(opt, calib_batches, config, remedies, ev, int8, log)
     lap("remedies")
 
     result_search = None

@@ -16,6 +16,7 @@ policy). Shape arithmetic stays as it is.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import time
 import warnings
@@ -498,21 +499,51 @@ def quantize(model, data, config=None, *, optimize: bool = True, progress=None, 
     ``gather(obj)`` -> every process's ``obj`` in rank order; each process then returns the graph
     one process given every batch would.
     """
-    graph = _as_graph(model, optimize)
     config = config if isinstance(config, QuantConfig) else QuantConfig.from_dict(dict(config or {}))
+    return _finish(_calibrated(model, data, config, optimize, progress, log, gather), config, layer_progress)
+
+
+# steps that change a calibrated graph: configurations differing in these alone share one calibration
+AFTER_CALIBRATION = ("adaround", "bias_correction", "ort_multipliers")
+
+
+def quantize_variants(model, data, configs: list, *, optimize: bool = True, log=None) -> list:
+    """``[quantize(model, data, c) for c in configs]``, the same graphs, where configurations that
+    differ only in :data:`AFTER_CALIBRATION` steps share one calibration (and equalization)."""
+    data, out, shared = list(data), [], {}
+    for config in configs:
+        key = repr(dataclasses.replace(config, **{s: False for s in AFTER_CALIBRATION}).to_dict())
+        if key not in shared:
+            shared[key] = _calibrated(model, data, config, optimize, None, log, None, keep_data=True)
+        graph, feeds, plan, images, wide_concats, steps = shared[key]
+        out.append(_finish((copy.deepcopy(graph), feeds, plan, images, wide_concats, dict(steps)), config, None))
+    return out
+
+
+def _calibrated(model, data, config: QuantConfig, optimize: bool, progress, log, gather, keep_data: bool = False):
+    """(graph, data, plan, images, wide Concats, steps): ``model`` optimized (or copied), equalized
+    when asked, calibrated and given its parameters, before any AFTER_CALIBRATION step.
+    ``data`` comes back as a list when a later step reads it again (or ``keep_data``)."""
+    graph = _as_graph(model, optimize)
     if config.target == "tflite":
         split_fused_leaky_relu(graph)
         decompose_for_tflite(graph)
     steps = {}
     if config.equalize:
         _step(steps, "equalize", None, equalize, graph)
-    if config.bias_correction or config.adaround:
+    if config.bias_correction or config.adaround or keep_data:
         if gather is not None:
             raise NpuforgeError("bias correction and AdaRound run layer by layer on every calibration image in one "
                                 "process; run them without torchrun")
         data = [as_feeds(graph, batch) for batch in data]  # read again after calibration
     plan, observers, images, _ = calibrated_plan(graph, data, config, progress=progress, log=log, gather=gather)
     wide_concats = apply_parameters(graph, plan, observers, config, log)
+    return graph, data, plan, images, wide_concats, steps
+
+
+def _finish(calibrated: tuple, config: QuantConfig, layer_progress):
+    """The AFTER_CALIBRATION steps ``config`` asks for on a :func:`_calibrated` graph, and its record."""
+    graph, data, plan, images, wide_concats, steps = calibrated
     compute = {name for name, kind in plan.kinds.items() if kind == "compute"}
     if config.adaround:
         _step(steps, "adaround", layer_progress, adaround, graph, data, compute, iterations=config.adaround_iters,
