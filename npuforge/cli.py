@@ -430,8 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", default="npuforge", choices=("npuforge", "ort", "int"),
                    help="who computes (default npuforge); int: the integer simulator (fixed-point rounding; float "
                         "images quantized with the input's parameters, logits dequantized to float)")
-    p.add_argument("--sim-engine", choices=("auto", "ort", "plain", "fast"), default="auto",
-                   help="with --engine int: " + SIM_ENGINE_HELP)
+    p.add_argument("--sim-engine", choices=("auto", "ort", "plain", "fast"), default="fast",
+                   help="with --engine int: " + SIM_ENGINE_HELP.replace("auto (default: ", "auto (") +
+                   " (default here fast: top-1 as analyze scores it)")
     p.add_argument("--skip", type=int, default=0, metavar="N", help="leave out the first N images (file order)")
     p.add_argument("--limit", type=int, metavar="N", help="evaluate at most N images")
     p.add_argument("--batch-size", type=positive_int, default=25, help="batch size (default 25)")

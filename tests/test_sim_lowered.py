@@ -966,9 +966,9 @@ def test_ort_and_tflite_multipliers_exclude_each_other():
 
 
 def test_fast_engine_lowers_float_nodes_and_eval_says_why_auto_is_slow(tmp_path, capsys):
-    """--sim-engine fast: a model with a layer kept in float runs lowered (auto falls back to the
-    plain simulator, and eval --engine int says so in one note, pointing to fast); both give the
-    same top-1 here."""
+    """--sim-engine fast (eval's default): a model with a layer kept in float runs lowered (auto
+    falls back to the plain simulator, and eval --engine int says so in one note, pointing to
+    fast); both give the same top-1 here."""
     import npuforge
     from npuforge.cli import main
 
@@ -986,14 +986,14 @@ def test_fast_engine_lowers_float_nodes_and_eval_says_why_auto_is_slow(tmp_path,
         (tmp_path / "data" / cls).mkdir(parents=True)
         np.save(tmp_path / "data" / cls / "x.npy", rng.standard_normal((4, 6)).astype(np.float32))
     top1 = {}
-    for engine in ("auto", "fast"):
+    for engine in ("auto", "fast", None):
         assert main(["eval", str(tmp_path / "q.nfir"), "--data", str(tmp_path / "data"), "--engine", "int",
-                     "--sim-engine", engine]) == 0
+                     *(["--sim-engine", engine] if engine else [])]) == 0
         out, err = capsys.readouterr()
         notes = [line for line in err.splitlines() if line.startswith("note: the integer program runs on the plain")]
         assert len(notes) == (engine == "auto") and all("--sim-engine fast" in n for n in notes)
         top1[engine] = out.split("top-1 ")[1].split("%")[0]
-    assert top1["auto"] == top1["fast"]
+    assert top1["auto"] == top1["fast"] == top1[None]
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8"])
