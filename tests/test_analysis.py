@@ -158,7 +158,8 @@ def test_int_engine_scores_the_integer_program_and_each_distinct_program_once(ne
     assert scorer.ev.runs == 2 and len(scorer.memo) == 3
 
 
-def test_variants_start_where_they_leave_the_first_program(net):
+@pytest.mark.parametrize("activations", ["uint8", "int8"])
+def test_variants_start_where_they_leave_the_first_program(net, activations):
     """The integer program of a variant that changes a later layer runs from that layer on, from
     the codes the first run there kept; its logits equal the whole program's, bit for bit (an
     early change, and a variant after a kept start, included)."""
@@ -166,7 +167,7 @@ def test_variants_start_where_they_leave_the_first_program(net):
 
     graph, calib, x, labels = net
     cal = Calibration(optimize(graph)[0], calib)
-    base = QuantConfig(granularity="per-tensor")
+    base = QuantConfig(granularity="per-tensor", activation_dtype=activations)
     later = "/c2/Conv"
     variants = [{}, {later: "float"}, {later: "int16"}, {DW: "float"}, {later: "per-channel"}]
     graphs = [cal.build(with_changes(base, c)) for c in variants]

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..ir.subgraph import live_values
 
-BUDGET = 1 << 30  # bytes of kept codes
+BUDGET = 1 << 30  # bytes of kept codes (one byte each)
 SHORTEST = 0.1  # a prefix worth keeping holds at least this share of the nodes
 
 
@@ -65,7 +65,7 @@ class PrefixCache:
         return first, False
 
     def worth_keeping(self, graph, first: int, images: int) -> list[str] | None:
-        """The values to keep for starting at node ``first`` (uint8 per-tensor codes within the
+        """The values to keep for starting at node ``first`` (8-bit per-tensor codes within the
         budget, after a prefix long enough to matter), or None."""
         if first < SHORTEST * len(graph.nodes):
             return None
@@ -74,7 +74,7 @@ class PrefixCache:
         for name in names:
             v = graph.values[name]
             q, shape = v.quant, v.shape
-            if q is None or q.dtype != "uint8" or q.per_channel or shape is None or \
+            if q is None or q.dtype not in ("uint8", "int8") or q.per_channel or shape is None or \
                     not all(isinstance(d, int) for d in shape[1:]):
                 return None
             size += images * int(np.prod(shape[1:], dtype=np.int64))
