@@ -181,6 +181,29 @@ def test_variants_start_where_they_leave_the_first_program(net, activations):
     assert digests[1][:start] == digests[0][:start] and digests[1][start] != digests[0][start]
 
 
+def test_kept_codes_serve_only_a_variant_that_reads_them_with_the_same_parameters(net):
+    """PrefixCache.start offers kept codes only when they hold every value the variant reads from
+    there on, each with the parameters the variant gives it; else the variant runs whole."""
+    from npuforge.analysis.prefix import PrefixCache
+    from npuforge.ir.subgraph import live_values
+
+    graph, calib, _, _ = net
+    cal = Calibration(optimize(graph)[0], calib)
+    base = QuantConfig(granularity="per-tensor")
+    q0, q1, q2 = (cal.build(with_changes(base, c)) for c in ({}, {"/c2/Conv": "float"}, {"/c2/Conv": "int16"}))
+    cache = PrefixCache()
+    assert cache.start(q0) == (0, None)
+    first, feeds = cache.start(q1)
+    assert first > 0 and feeds is None
+    names = live_values(q1, first)
+    cache.keep(q1, first, {n: np.zeros(3, np.uint8) for n in names})
+    assert sorted(cache.start(q2)[1]) == sorted(names)
+    cache.kept[first][names[0]] = ("other parameters", cache.kept[first][names[0]][1])
+    assert cache.start(q2) == (first, None)
+    del cache.kept[first][names[0]]
+    assert cache.start(q2) == (first, None)
+
+
 def test_int_engine_falls_back_by_name(net, monkeypatch):
     """An int8 program with no fast lowering: a note naming why, then every quantized configuration
     scored as engine "ort" (QDQ in float); one variant alone with none: the plain simulator."""

@@ -42,32 +42,41 @@ def node_digests(graph) -> list[str]:
     return out
 
 
+def _params(graph, name: str) -> str:
+    q = graph.values[name].quant
+    return repr((q.dtype, q.axis, np.asarray(q.scale).tobytes(), np.asarray(q.zero_point).tobytes()))
+
+
 class PrefixCache:
     """The codes of values at the points where variants first left the base program."""
 
     def __init__(self, budget: int = BUDGET):
         self.budget = budget
         self.base: list[str] | None = None  # node digests of the first program scored
-        self.kept: dict[int, dict] = {}  # start node -> {value: codes over every image}
+        self.kept: dict[int, dict] = {}  # start node -> {value: (its parameters, codes over every image)}
         self.size = 0
 
-    def start(self, graph) -> tuple[int, bool]:
-        """(the node to start ``graph`` from, whether codes are kept for it); (0, False) runs it whole."""
+    def start(self, graph) -> tuple[int, dict | None]:
+        """(where ``graph`` first leaves the first program scored, None), or (an earlier node, the
+        codes to start from there): kept at that node, for every value ``graph`` reads from it on,
+        with the parameters ``graph`` gives them. The first graph is the base: (0, None)."""
         digests = node_digests(graph)
         if self.base is None:
             self.base = digests
-            return 0, False
+            return 0, None
         first = next((i for i, (a, b) in enumerate(zip(digests, self.base)) if a != b), min(len(digests),
                                                                                             len(self.base)))
-        kept = [i for i in self.kept if i <= first]
-        if kept:
-            return max(kept), True
-        return first, False
+        for i in sorted((i for i in self.kept if i <= first), reverse=True):
+            codes = self.kept[i]
+            names = live_values(graph, i)
+            if all(n in codes and codes[n][0] == _params(graph, n) for n in names):
+                return i, {n: codes[n][1] for n in names}
+        return first, None
 
     def worth_keeping(self, graph, first: int, images: int) -> list[str] | None:
         """The values to keep for starting at node ``first`` (8-bit per-tensor codes within the
-        budget, after a prefix long enough to matter), or None."""
-        if first < SHORTEST * len(graph.nodes):
+        budget, after a prefix long enough to matter, not kept already), or None."""
+        if first < SHORTEST * len(graph.nodes) or first in self.kept:
             return None
         names = live_values(graph, first)
         size = 0
@@ -80,6 +89,7 @@ class PrefixCache:
             size += images * int(np.prod(shape[1:], dtype=np.int64))
         return names if self.size + size <= self.budget else None
 
-    def keep(self, first: int, codes: dict) -> None:
-        self.kept[first] = codes
+    def keep(self, graph, first: int, codes: dict) -> None:
+        """Keep ``codes`` ({value: array}) of ``graph`` to start later variants at node ``first``."""
+        self.kept[first] = {n: (_params(graph, n), a) for n, a in codes.items()}
         self.size += sum(a.nbytes for a in codes.values())

@@ -193,11 +193,11 @@ class Evaluator:
 
         out = graph.outputs[0]
         first, kept = self._prefixes.start(graph)
-        if kept:
+        if kept is not None:
             sim = make_simulator(suffix(graph, first), "fixedpoint", "fast")
             if not getattr(sim, "fallback", None):
-                return self._dequantized(graph, out, self._run(sim, self._prefixes.kept[first], [out])[out])
-        keep = self._prefixes.worth_keeping(graph, first, len(self.x)) if first else None
+                return self._dequantized(graph, out, self._run(sim, kept, [out])[out])
+        keep = self._prefixes.worth_keeping(graph, first, len(self.x)) if first and kept is None else None
         sim = make_simulator(with_outputs(graph, keep) if keep else graph, "fixedpoint", "fast")
         why = getattr(sim, "fallback", None)  # set when the plain simulator was all make_simulator had
         if why and not self._lowered_once:
@@ -211,7 +211,7 @@ class Evaluator:
         name = graph.inputs[0]
         codes = self._run(sim, {name: self._input_codes(graph.values[name].quant)}, [out, *(keep or [])])
         if keep and not why:
-            self._prefixes.keep(first, {n: codes[n] for n in keep})
+            self._prefixes.keep(graph, first, {n: codes[n] for n in keep})
         return self._dequantized(graph, out, codes[out])
 
     def _run(self, sim, feeds: dict, names: list) -> dict:
