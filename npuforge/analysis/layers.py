@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..ir.subgraph import live_values, suffix, with_outputs
+from ..ir.subgraph import live_values, suffix, values_bytes, with_outputs
 from ..ops.registry import get_op
 from ..sim.float_exec import check_feeds, last_uses
 from .metrics import ErrorStats, weight_stats
@@ -193,13 +193,8 @@ class LayerProbe:
         from .session import ort_outputs
 
         names = sorted({n for i in starts if i > 0 for n in live_values(self.g, i)} - set(self.g.inputs))
-        size = 0
-        for name in names:
-            shape = self.g.values[name].shape
-            if shape is None or not all(isinstance(d, int) for d in shape[1:]):
-                return None
-            size += len(x) * int(np.prod(shape[1:], dtype=np.int64)) * 4
-        if size > budget:
+        size = values_bytes(self.g, names, len(x), 4)
+        if size is None or size > budget:
             return None
         with self.isolated_graph(None, None) as g:
             g_all = with_outputs(g, names)
@@ -234,12 +229,9 @@ class _Isolated:
         for n, v in self.g.values.items():
             if n not in self.keep:
                 v.quant = None
-        if self.output is None:
-            pass
-        elif self.output_params == "same":
-            self.g.values[self.output].quant = self.saved[self.output]
-        else:
-            self.g.values[self.output].quant = self.output_params
+        if self.output is not None:  # (None: the float network)
+            self.g.values[self.output].quant = self.saved[self.output] if self.output_params == "same" \
+                else self.output_params
         return self.g
 
     def __exit__(self, *exc):

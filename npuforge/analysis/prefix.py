@@ -12,7 +12,7 @@ import hashlib
 
 import numpy as np
 
-from ..ir.subgraph import live_values
+from ..ir.subgraph import live_values, values_bytes
 
 BUDGET = 1 << 30  # bytes of kept codes (one byte each)
 SHORTEST = 0.1  # a prefix worth keeping holds at least this share of the nodes
@@ -25,7 +25,7 @@ def node_digests(graph) -> list[str]:
     def value(name):
         v = graph.values[name]
         q = v.quant
-        parts = [name, v.dtype, None if q is None else (q.dtype, q.axis, np.asarray(q.scale).tobytes(),
+        parts = [name, v.dtype, v.shape, None if q is None else (q.dtype, q.axis, np.asarray(q.scale).tobytes(),
                                                           np.asarray(q.zero_point).tobytes())]
         if v.is_const:
             parts.append(np.ascontiguousarray(v.data).tobytes())
@@ -79,15 +79,11 @@ class PrefixCache:
         if first < SHORTEST * len(graph.nodes) or first in self.kept:
             return None
         names = live_values(graph, first)
-        size = 0
-        for name in names:
-            v = graph.values[name]
-            q, shape = v.quant, v.shape
-            if q is None or q.dtype not in ("uint8", "int8") or q.per_channel or shape is None or \
-                    not all(isinstance(d, int) for d in shape[1:]):
-                return None
-            size += images * int(np.prod(shape[1:], dtype=np.int64))
-        return names if self.size + size <= self.budget else None
+        quants = [graph.values[n].quant for n in names]
+        if any(q is None or q.dtype not in ("uint8", "int8") or q.per_channel for q in quants):
+            return None
+        size = values_bytes(graph, names, images, 1)
+        return names if size is not None and self.size + size <= self.budget else None
 
     def keep(self, graph, first: int, codes: dict) -> None:
         """Keep ``codes`` ({value: array}) of ``graph`` to start later variants at node ``first``."""

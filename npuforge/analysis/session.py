@@ -216,10 +216,7 @@ class Evaluator:
 
     def _run(self, sim, feeds: dict, names: list) -> dict:
         """{name: output codes} of ``sim`` over ``feeds`` (arrays over every image), batch by batch."""
-        n = len(next(iter(feeds.values())))
-        runs = [sim.run({k: v[i:i + self.batch_size] for k, v in feeds.items()}, names, dequantize=False)
-                for i in range(0, n, self.batch_size)]
-        return {name: np.concatenate([np.asarray(r[name]) for r in runs]) for name in names}
+        return batched(lambda b: sim.run(b, names, dequantize=False), feeds, names, self.batch_size)
 
     @staticmethod
     def _dequantized(graph, name: str, codes: np.ndarray) -> np.ndarray:
@@ -271,9 +268,15 @@ def ort_outputs(graph, x, names: list, batch_size: int = 50, optimized: bool = F
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     feeds = x if isinstance(x, dict) else {session.get_inputs()[0].name: x}
+    return batched(lambda b: dict(zip(names, session.run(names, b))), feeds, names, batch_size)
+
+
+def batched(run, feeds: dict, names: list, batch_size: int) -> dict:
+    """{name: array over every image} of ``run`` ({input: batch} -> {name: array}) called on
+    ``feeds`` (arrays over every image) ``batch_size`` images at a time."""
     n = len(next(iter(feeds.values())))
-    runs = [session.run(names, {k: v[i:i + batch_size] for k, v in feeds.items()}) for i in range(0, n, batch_size)]
-    return {name: np.concatenate([r[k] for r in runs]) for k, name in enumerate(names)}
+    runs = [run({k: v[i:i + batch_size] for k, v in feeds.items()}) for i in range(0, n, batch_size)]
+    return {name: np.concatenate([np.asarray(r[name]) for r in runs]) for name in names}
 
 
 def top1(logits: np.ndarray, labels: np.ndarray) -> float:

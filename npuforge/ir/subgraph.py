@@ -3,6 +3,8 @@ an earlier run computed (``analyze`` reuses the unchanged prefix of a network)."
 
 from __future__ import annotations
 
+import numpy as np
+
 from .graph import Graph
 
 
@@ -18,6 +20,18 @@ def live_values(graph: Graph, start: int) -> list[str]:
             seen.add(name)
             out.append(name)
     return out
+
+
+def values_bytes(graph: Graph, names: list[str], rows: int, itemsize: int) -> int | None:
+    """Bytes the values ``names`` take over ``rows`` entries of their first (batch) axis at
+    ``itemsize`` bytes an element; None when one's other dimensions are not known."""
+    size = 0
+    for name in names:
+        shape = graph.values[name].shape
+        if shape is None or not all(isinstance(d, int) for d in shape[1:]):
+            return None
+        size += rows * int(np.prod(shape[1:], dtype=np.int64)) * itemsize
+    return size
 
 
 def suffix(graph: Graph, start: int) -> Graph:
