@@ -96,6 +96,34 @@ def test_quantized_keeps_geometry_in_float_and_runs():
         assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
 
 
+def test_fast_engine_lowers_a_float_op_whose_quantized_output_feeds_an_integer_node():
+    """A geometry op's output that an integer node reads is quantized after the op: the op's ONNX form
+    ends in a node named after that output, and the fast engine's quantizer of it must not take the
+    same name (ONNX Runtime refused the graph, so the face landmark model with attention ran on the
+    plain path). Lowered, it gives the plain path's codes on these images."""
+    from npuforge.ir.graph import Node, Value
+    from npuforge.ir.infer import infer_shapes
+    from npuforge.sim.integer import IntegerSimulator
+    from npuforge.sim.lowered import LoweredSimulator
+
+    g = npuforge.load(DATA / "eye.tflite")
+    g.add_const("two", np.float32(2.0))
+    g.add_value(Value("matrix2", "float32", None))
+    g.nodes.append(Node("double_matrix", "Mul", ["matrix", "two"], ["matrix2"]))
+    g.outputs.append("matrix2")
+    infer_shapes(g)
+    images, _ = reference("eye")
+    q = quantize(g, [{g.inputs[0]: images[k:k + 1]} for k in range(len(images))])
+    assert q.values["matrix"].quant is not None
+    fast = make_simulator(q, "fixedpoint", "fast")
+    assert isinstance(fast, LoweredSimulator), getattr(fast, "fallback", None)
+    plain = IntegerSimulator(q)
+    for k in range(len(images)):
+        feeds = {q.inputs[0]: images[k:k + 1]}
+        got, want = fast.run(feeds, dequantize=False), plain.run(feeds, dequantize=False)
+        assert np.array_equal(got["matrix2"], want["matrix2"]), k
+
+
 def test_quantize_cli_keeps_the_ir_when_the_qdq_export_fails(tmp_path, capsys, monkeypatch):
     """A QDQ export that fails (an op with no ONNX form) costs the QDQ file only: the IR and its
     weights are written, an older QDQ file of that name is removed, and calibration runs on

@@ -213,10 +213,7 @@ class _Builder(TableLowerings, LoweringBuilder):
         quantized = {y for y in node.outputs if y and g.values[y].quant is not None}
         for y in quantized:
             self.activation(node, y)
-        for emitted in _nodes_of(g, node):
-            emitted.input[:] = [renames.get(n, n) for n in emitted.input]
-            emitted.output[:] = [f"{n}::float" if n in quantized else n for n in emitted.output]
-            self.nodes.append(emitted)
+        self.float_op(node, renames, quantized)
         for y in quantized:
             p = g.values[y].quant
             zp = int(p.zero_point)

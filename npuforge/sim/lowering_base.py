@@ -77,6 +77,18 @@ class LoweringBuilder:
         self.nodes.append(helper.make_node(op, inputs, [output], name=output, domain=domain, **attrs))
         return output
 
+    def float_op(self, node, renames: dict, quantized) -> None:
+        """The op of a node the program runs in float, its ONNX nodes reading ``renames`` (value ->
+        its float copy) and writing ``y::float`` for each value ``y`` of ``quantized``, which the
+        caller then quantizes into ``y``. Node names follow: an op node named after its output
+        (a multi-node form's last one) would otherwise share its name with that quantizer."""
+        for emitted in _nodes_of(self.graph, node):
+            emitted.input[:] = [renames.get(n, n) for n in emitted.input]
+            emitted.output[:] = [f"{n}::float" if n in quantized else n for n in emitted.output]
+            if emitted.name in quantized:
+                emitted.name = f"{emitted.name}::float"
+            self.nodes.append(emitted)
+
     def refuse(self, node, why: str):
         where = f"node '{node.name}' ({node.op})" if node is not None else "the graph"
         raise UnsupportedError(f"{where}: {why}, so it has no ONNX Runtime lowering")

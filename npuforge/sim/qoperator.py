@@ -196,10 +196,7 @@ class QOperatorBuilder(LoweringBuilder):
                     self._made.add(renames[name])
                     self.emit("DequantizeLinear", [name, *self.qparams(node, name)], renames[name])
         quantized = [y for y in node.outputs if y and g.values[y].quant is not None]
-        for emitted in _nodes_of(g, node):
-            emitted.input[:] = [renames.get(n, n) for n in emitted.input]
-            emitted.output[:] = [f"{n}::float" if n in quantized else n for n in emitted.output]
-            self.nodes.append(emitted)
+        self.float_op(node, renames, quantized)
         for y in quantized:
             p = self.codes(node, y)
             full = (p.qmin, p.qmax) == (0, 255)
