@@ -22,14 +22,17 @@ def node_digests(graph) -> list[str]:
     """Per node, a digest of all that decides its output codes given its input codes: the node,
     its integer constants, its constant inputs and the parameters of every value it reads or
     writes."""
-    def value(name):
+    def value(h, name):
         v = graph.values[name]
         q = v.quant
-        parts = [name, v.dtype, v.shape, None if q is None else (q.dtype, q.axis, np.asarray(q.scale).tobytes(),
-                                                          np.asarray(q.zero_point).tobytes())]
-        if v.is_const:
-            parts.append(np.ascontiguousarray(v.data).tobytes())
-        return repr(parts).encode()
+        data = np.ascontiguousarray(v.data) if v.is_const else None
+        h.update(repr((name, v.dtype, v.shape, None if q is None else (q.dtype, q.axis, np.shape(q.scale)),
+                       None if data is None else data.dtype.str)).encode())
+        if q is not None:
+            h.update(np.asarray(q.scale).tobytes())
+            h.update(np.asarray(q.zero_point).tobytes())
+        if data is not None:  # the bytes themselves: their repr would cost seconds per evaluation on a large model
+            h.update(data.tobytes())
 
     out = []
     for node in graph.nodes:
@@ -37,7 +40,7 @@ def node_digests(graph) -> list[str]:
                                  sorted(node.quant.items()))).encode())
         for name in [*node.inputs, *node.outputs, *node.quant.values()]:
             if name and name in graph.values:
-                h.update(value(name))
+                value(h, name)
         out.append(h.hexdigest())
     return out
 
