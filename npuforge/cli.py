@@ -260,8 +260,8 @@ def cmd_eval(args) -> int:
         return eval_detection(args)
     from .arrays import ArrayDataset, labelled_array_folders
     from .distributed import Distributed
-    from .workflow import (batch_size_for, check_input_size, forward_of, preprocess_overrides, resolve_model,
-                           stderr_log, transform_of)
+    from .workflow import (batch_size_for, check_input_size, forward_of, plain_fallback_note, preprocess_overrides,
+                           resolve_model, stderr_log, transform_of)
     from .zoo.data import ImageDataset
     from .zoo.evaluate import evaluate_logits
 
@@ -301,9 +301,7 @@ def cmd_eval(args) -> int:
         forward = forward_of(graph, args.engine, sim_engine=args.sim_engine)
         why = getattr(forward, "fallback", None)
         if why and not args.json:
-            hint = "; --sim-engine fast runs nodes kept in float in ONNX Runtime's float kernels" \
-                if "it runs in float" in why else ""
-            stderr_log(f"note: the integer program runs on the plain simulator, tens of times slower ({why}){hint}")
+            stderr_log(plain_fallback_note(why))
     table = args.class_table
     if table is None and "class_table" in graph.metadata:  # a training run's classes
         from .zoo.data import ClassTable

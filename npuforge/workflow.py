@@ -245,6 +245,13 @@ def batch_size_for(graph, requested: int, where: str, log=None) -> int:
     raise NpuforgeError(f"{where}: input '{graph.inputs[0]}' has a fixed batch of {fixed}; give --batch-size {fixed}")
 
 
+def plain_fallback_note(why: str) -> str:
+    """The one line saying the integer program runs on the plain simulator, and why."""
+    hint = "; --sim-engine fast runs nodes kept in float in ONNX Runtime's float kernels" \
+        if "it runs in float" in why else ""
+    return f"note: the integer program runs on the plain simulator, tens of times slower ({why}){hint}"
+
+
 def forward_of(graph, engine: str = "npuforge", onnx_path: Path | None = None, sim_engine: str = "auto"):
     """A batch -> logits function for the engine: npuforge (float, or fake-quant for a
     quantized graph), ort (ONNX Runtime on the ONNX / QDQ form) or int (the integer

@@ -179,6 +179,9 @@ def test_quantized_blazeface_detects_in_integers_what_fp32_detects(imagenet_samp
     assert cli_main(["detect", str(out), *map(str, photos), "--json", "-o", str(tmp_path / "drawn")]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["engine"] == "int" and len(list((tmp_path / "drawn").glob("*.png"))) == len(photos)
+    # the network lowered, NMS on the plain path (the default, auto), finds what the plain path finds
+    assert cli_main(["detect", str(out), *map(str, photos), "--json", "--sim-engine", "plain"]) == 0
+    assert json.loads(capsys.readouterr().out) == report
     g = detector_graph("face_detection_full_range")
     images, truth, found, same = [], {}, {}, 0
     for k, (path, r) in enumerate(zip(photos, report["images"])):

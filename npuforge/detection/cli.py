@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..argtypes import positive_int
 from ..outputs import Planned
+from ..workflow import plain_fallback_note, stderr_log
 
 
 def add_detection_set_parser(sub) -> None:
@@ -51,6 +52,7 @@ def cmd_detection_set(args) -> int:
 
 
 def add_detect_parser(sub) -> None:
+    from ..cli import SIM_ENGINE_HELP
     from .blazeface import DETECTORS
 
     p = sub.add_parser(
@@ -68,6 +70,8 @@ def add_detect_parser(sub) -> None:
     p.add_argument("--engine", choices=("float", "fake", "int"),
                    help="float graph, fake-quant, or the integer simulator (NMS on integer codes too); default: "
                         "int for a quantized IR, else float")
+    p.add_argument("--sim-engine", choices=("auto", "ort", "plain", "fast"), default="auto",
+                   help="with --engine int: " + SIM_ENGINE_HELP)
     p.add_argument("--output", "-o", metavar="OUT", help="annotated image (PNG) for one IMAGE, a folder for several")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_detect, outputs=_planned_drawings)
@@ -172,7 +176,7 @@ def cmd_detect(args) -> int:
     graph = load_detector(args.model)
     quantized = any(v.quant is not None for v in graph.values.values())
     engine = args.engine or ("int" if quantized else "float")
-    run = _runner(graph, engine, args.model)
+    run = _runner(graph, engine, args.model, args.sim_engine, None if args.json else stderr_log)
     prepare, read = _frontend(graph)
     classes = graph.metadata["detector"].get("classes", ["face"])
     out_dir = Path(args.output) if args.output and len(args.images) > 1 else None
@@ -198,8 +202,10 @@ def cmd_detect(args) -> int:
     return 0
 
 
-def _runner(graph, engine: str, where: str):
-    """The forward of a detector graph: float, fake-quant or the integer simulator."""
+def _runner(graph, engine: str, where: str, sim_engine: str = "auto", log=None):
+    """The forward of a detector graph: float, fake-quant or the integer simulator (run by
+    ``sim_engine``: see :func:`npuforge.sim.lowered.make_simulator`; ``log`` is told when that
+    is the plain simulator)."""
     from ..errors import NpuforgeError
 
     quantized = any(v.quant is not None for v in graph.values.values())
@@ -208,7 +214,10 @@ def _runner(graph, engine: str, where: str):
     if engine == "int":
         from ..sim.lowered import make_simulator
 
-        return make_simulator(graph).run
+        sim = make_simulator(graph, "fixedpoint", sim_engine)
+        if getattr(sim, "fallback", None) and log is not None:
+            log(plain_fallback_note(sim.fallback))
+        return sim.run
     if engine == "fake":
         from ..sim.fake_quant import run_fake_quant
 
@@ -233,7 +242,7 @@ def eval_detection(args) -> int:
     graph = load_detector(args.model)
     quantized = any(v.quant is not None for v in graph.values.values())
     engine = "int" if args.engine == "int" else ("fake" if quantized else "float")
-    run = _runner(graph, engine, args.model)
+    run = _runner(graph, engine, args.model, args.sim_engine, None if args.json else stderr_log)
     ds = load_coco(args.annotations, args.data)
     names = ds.category_names
     prepare, read = _frontend(graph)
