@@ -366,6 +366,18 @@ def test_an_int16_layer_is_proven_on_its_reachable_steps_and_runs_beside_uint8_i
     assert lows["qoperator"].lowering["/2/Gemm"].startswith("in float (an operand that is not uint8)")
 
 
+def test_an_int16_graph_output_leaves_onnx_runtimes_integer_operators_as_int16_codes():
+    """A detector's box decoding in int16 at the end of a uint8 network: the network stays ONNX
+    Runtime's integer operators and the int16 output comes out as its codes (it was refused, and
+    the whole graph ran in the slower float lowering)."""
+    g, x = quantized_graph(torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4)),
+                           (2, 8), config={"int16": ["/2/Gemm"]})
+    assert g.values[g.outputs[0]].quant.dtype == "int16"
+    for mode in ("fixedpoint", "single"):
+        low = both(g, {g.inputs[0]: x}, mode)["qoperator"]
+        assert low.lowering["/0/Gemm"].startswith("QLinearConv")
+
+
 def test_nodes_kept_in_float_lower_when_asked_and_agree_with_the_plain_path():
     """float_nodes=True: a layer kept in float (here the first, reading the float input, and
     the last, writing the float output) runs in ONNX Runtime's float kernels between a
@@ -740,6 +752,32 @@ def test_lut_and_code_movers_lowered():
     g.outputs = ["f", "s"]
     for mode in MODES:
         both(g, {"x": x}, mode)
+
+
+@pytest.mark.parametrize("op", ["Relu", "LeakyRelu", "Sigmoid"])
+def test_lookup_ops_run_in_onnx_runtimes_table_kernels_only_where_their_tables_equal(op):
+    """A Relu / LeakyRelu / Sigmoid lookup runs as QLinearLeakyRelu / QLinearSigmoid, which map each
+    code through a table they compute, where that table equals the plain path's on all 256 codes;
+    a table one entry off runs as Gather from the plain table. Codes equal the plain path's."""
+    from npuforge.ir.graph import Graph, Node, Value
+
+    f = {"Relu": torch.relu, "LeakyRelu": lambda t: torch.nn.functional.leaky_relu(t, 0.1),
+         "Sigmoid": torch.sigmoid}[op]
+    xp_ = qp("uint8", 0.05, 120)
+    yp = qp("uint8", 1.0 / 256 if op == "Sigmoid" else 0.03, 40 if op == "LeakyRelu" else 0)
+    x = np.arange(256, dtype=np.uint8).reshape(4, 1, 8, 8)
+    table = yp.quantize(f(torch.from_numpy(xp_.dequantize(np.arange(256)))).numpy())
+    for off_by_one in (False, True):
+        g = Graph("lookup")
+        g.add_value(Value("x", "float32", x.shape, quant=xp_))
+        g.add_value(Value("y", "float32", x.shape, quant=yp))
+        lut = table.copy()
+        lut[200] += np.uint8(off_by_one) * (1 if lut[200] < 255 else -1)
+        g.add_const("lut", lut)
+        g.inputs, g.outputs = ["x"], ["y"]
+        g.nodes = [Node("t", op, ["x"], ["y"], {"alpha": 0.1} if op == "LeakyRelu" else {}, {"lut": "lut"})]
+        how = both(g, {"x": x}, "fixedpoint")["qoperator"].lowering["t"]
+        assert how.startswith("QLinear") != off_by_one, how
 
 
 def test_make_simulator_engines():

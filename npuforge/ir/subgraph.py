@@ -1,5 +1,6 @@
 """Cutting a graph after its first nodes, so that an evaluation can start from values
-an earlier run computed (``analyze`` reuses the unchanged prefix of a network)."""
+an earlier run computed (``analyze`` reuses the unchanged prefix of a network), or run the
+two parts on different engines (the integer simulator's lowered head and plain tail)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,17 @@ def suffix(graph: Graph, start: int) -> Graph:
     sub = Graph(graph.name)
     sub.inputs, sub.outputs = live_values(graph, start), list(graph.outputs)
     sub.nodes, sub.values, sub.metadata = graph.nodes[start:], graph.values, graph.metadata
+    return sub
+
+
+def prefix(graph: Graph, stop: int) -> Graph:
+    """The graph of the nodes before ``stop``: its inputs the graph's inputs they read, its outputs
+    the values they make that :func:`suffix` (``stop``) reads. Shares nodes and values."""
+    sub = Graph(graph.name)
+    read = {name for node in graph.nodes[:stop] for name in node.inputs if name}
+    sub.inputs = [name for name in graph.inputs if name in read]
+    sub.outputs = [name for name in live_values(graph, stop) if name not in graph.inputs]
+    sub.nodes, sub.values, sub.metadata = graph.nodes[:stop], graph.values, graph.metadata
     return sub
 
 

@@ -66,6 +66,7 @@ from ..quant.requant import multiplier_value
 from .integer import IntegerSimulator, dequantize_output, quantize_input
 from . import lowered_int64 as int64_rules
 from .lowered_tables import TableLowerings
+from .split import split_simulator
 from .lowering_base import LoweringBuilder, channel_ranges
 from .monotone_fit import Formula, fit
 
@@ -534,15 +535,17 @@ class LoweredSimulator:
         # optimizers would fuse into an int8 kernel or, between two such nodes, drop with their rounding
         options.add_session_config_entry("session.disable_quant_qdq", "1")
         forms = {"qoperator": QOperatorBuilder, "float": _Builder}
+        refusals = []
         for self.form in [form] if form else list(forms):
             try:
                 builder = forms[self.form](self.plain, float_nodes)
                 self.model = builder.build()
                 self.session = _session(self.model, options)
                 break
-            except UnsupportedError:
-                if self.form == (form or "float"):  # the last form to try
-                    raise
+            except UnsupportedError as e:
+                refusals.append(e)
+                if self.form == (form or "float"):  # the last form to try: the refusal that came furthest
+                    raise max(reversed(refusals), key=lambda r: getattr(r, "node_index", -1)) from None
         self.lowering = builder.report
         self._quantizers: dict = {}  # input -> ONNX Runtime session quantizing it
 
@@ -618,7 +621,9 @@ def _session(model, options):
 def make_simulator(graph, rounding: str = "fixedpoint", engine: str = "auto"):
     """The integer simulator for ``graph``: ``ort`` the lowered ONNX Runtime path (an
     error if some node cannot be lowered), ``plain`` the reference torch path,
-    ``auto`` the first where every node lowers, else the second; ``fast`` as auto, with the
+    ``auto`` the first where every node lowers, else the two split at the first node that does
+    not (:class:`~npuforge.sim.split.SplitSimulator`: lowered before it, plain from it on; its
+    ``plain_from`` says where and why), else the plain path; ``fast`` as auto, with the
     nodes kept in float lowered too (ONNX Runtime's float kernels: equal to the plain path
     up to float summation order there, see :class:`LoweredSimulator`). A plain simulator
     that auto or fast fell back to says why in ``fallback``."""
@@ -631,6 +636,9 @@ def make_simulator(graph, rounding: str = "fixedpoint", engine: str = "auto"):
     except UnsupportedError as e:
         if engine == "ort":
             raise UnsupportedError(f"{e}; the plain simulator runs it (--sim-engine plain or auto)") from None
+        split = split_simulator(graph, rounding, engine == "fast", e)
+        if split is not None:
+            return split
         sim = IntegerSimulator(graph, rounding)
         sim.fallback = str(e)
         return sim

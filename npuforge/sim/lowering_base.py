@@ -106,29 +106,42 @@ class LoweringBuilder:
         v = self.graph.values[name]
         return v.quant is None and (v.dtype in INTEGER_DTYPES or v.dtype == "bool")
 
+    def elem_type(self, name: str) -> int:
+        """The ONNX type of a graph input or output: its own where it is not quantized."""
+        v = self.graph.values[name]
+        return dtypes.to_onnx(v.dtype) if v.quant is None else self.ELEM_TYPE
+
+    def _build_node(self, node) -> None:
+        """Lower one node by its kind (UnsupportedError where there is no lowering)."""
+        g = self.graph
+        kind = self.plain._kind(node)
+        in_float = runs_in_float(g, node, kind)
+        if in_float:
+            handler = getattr(self, "_float_node", None) if self.float_nodes or node.op in EXACT_IN_FLOAT else None
+        else:
+            handler = getattr(self, f"_{kind}", None)
+        if (in_float or handler is None) and all(self.is_index(n) for n in (*node.inputs, *node.outputs) if n):
+            for name in node.inputs:
+                if name and g.values[name].is_const:
+                    self.const(name, np.asarray(g.values[name].data))
+            self.nodes.extend(_nodes_of(g, node))
+            self.report[node.name] = "integer index arithmetic"
+            return
+        if handler is None:
+            self.refuse(node, "it runs in float" if in_float else f"no lowering for a '{kind}' node")
+        self.lower(node, handler)
+        self.report.setdefault(node.name, kind)
+
     def build(self):
         g = self.graph
         self.check_inputs()
-        for node in g.nodes:
-            kind = self.plain._kind(node)
-            in_float = runs_in_float(g, node, kind)
-            if in_float:
-                handler = getattr(self, "_float_node", None) if self.float_nodes or node.op in EXACT_IN_FLOAT else None
-            else:
-                handler = getattr(self, f"_{kind}", None)
-            if (in_float or handler is None) and all(self.is_index(n) for n in (*node.inputs, *node.outputs) if n):
-                for name in node.inputs:
-                    if name and g.values[name].is_const:
-                        self.const(name, np.asarray(g.values[name].data))
-                self.nodes.extend(_nodes_of(g, node))
-                self.report[node.name] = "integer index arithmetic"
-                continue
-            if handler is None:
-                self.refuse(node, "it runs in float" if in_float else f"no lowering for a '{kind}' node")
-            self.lower(node, handler)
-            self.report.setdefault(node.name, kind)
-        info = [helper.make_tensor_value_info(n, dtypes.to_onnx(g.values[n].dtype) if g.values[n].quant is None
-                                              else self.ELEM_TYPE, list(g.values[n].shape))
+        for index, node in enumerate(g.nodes):
+            try:
+                self._build_node(node)
+            except UnsupportedError as e:
+                e.node_index = getattr(e, "node_index", index)  # where a split simulator's plain part starts
+                raise
+        info = [helper.make_tensor_value_info(n, self.elem_type(n), list(g.values[n].shape))
                 for n in (*g.inputs, *g.outputs)]
         graph = helper.make_graph(self.nodes, f"{g.name}-{self.SUFFIX}", info[:len(g.inputs)], info[len(g.inputs):],
                                   self.inits)

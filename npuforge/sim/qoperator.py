@@ -43,6 +43,7 @@ import torch
 from onnx import TensorProto
 
 from ..export.onnx_export import _nodes_of
+from ..ir import dtypes
 from ..ops.activation import FUSED_ATTRS
 from ..quant.requant import multiplier_value
 from . import qlinear_add
@@ -121,6 +122,11 @@ class QOperatorBuilder(LoweringBuilder):
         self._float = None  # the float lowering, for the nodes with no QLinear form
         self._float_names: dict[str, str] = {}  # activation -> its float "q - zp" copy
 
+    def elem_type(self, name: str) -> int:
+        """Codes in their own type: uint8, or an int16 output of a mixed-precision program."""
+        v = self.graph.values[name]
+        return dtypes.to_onnx(v.quant.dtype if v.quant is not None else v.dtype)
+
     def check_inputs(self) -> None:
         for name in self.graph.inputs:
             v = self.graph.values[name]
@@ -170,9 +176,11 @@ class QOperatorBuilder(LoweringBuilder):
             emitted.name = emitted.output[0]  # nodes are named after their output
         for y in quantized:
             self._float_names[y] = f"{y}::f"  # later nodes in float read it as it is
-            if not self._uint8(y):  # an int16 value lives only as its float copy
+            if not self._uint8(y):  # an int16 value lives only as its float copy, or its codes if an output
                 if y in g.outputs:
-                    self.refuse(node, f"graph output '{y}' is not uint8")
+                    shifted = self.emit("Add", [f"{y}::f", self.const(f"{y}::zp_f", self._zero_point(y))],
+                                        f"{y}::fq")
+                    self.emit("Cast", [shifted], y, to=self.elem_type(y))
                 continue
             shifted = self.emit("Add", [f"{y}::f", self.const(f"{y}::zp_f", self._zero_point(y))], f"{y}::fq")
             self.emit("Cast", [shifted], y, to=TensorProto.UINT8)
@@ -447,11 +455,20 @@ class QOperatorBuilder(LoweringBuilder):
         return self._in_float(node, "a table of the quotients")
 
     def _lut(self, node):
-        x = node.inputs[0]
-        self.codes(node, x), self.codes(node, node.outputs[0])
+        """A lookup op: ONNX Runtime's own QLinear form of it where the table that kernel builds equals
+        the plain path's on all 256 codes (:func:`_table_op`), else ``Gather`` from that table."""
+        x, y = node.inputs[0], node.outputs[0]
+        px, py = self.codes(node, x), self.codes(node, y)
         table = self.plain._table(node).numpy().astype(np.uint8)  # indexed by the uint8 code (qmin 0)
+        op = _table_op(node, px, py, table)
+        if op is not None:
+            op_type, attrs = op
+            self.emit(op_type, [x, *self.qparams(node, x), *self.qparams(node, y)], y, domain="com.microsoft",
+                      **attrs)
+            self.report[node.name] = f"{op_type} (its table equal to the plain one on every code)"
+            return
         idx = self.emit("Cast", [x], f"{node.name}::idx", to=TensorProto.INT32)
-        self.emit("Gather", [self.const(f"{node.name}::table", table), idx], node.outputs[0], axis=0)
+        self.emit("Gather", [self.const(f"{node.name}::table", table), idx], y, axis=0)
 
     def _passthrough(self, node):
         g = self.graph
@@ -475,3 +492,44 @@ class QOperatorBuilder(LoweringBuilder):
 
     _concat = _passthrough
 
+
+_TABLE_OPS: dict = {}  # (op, attributes, parameters, table) -> ONNX Runtime's op with that table, or None
+
+
+def _table_op(node, px, py, table: np.ndarray):
+    """(op type, attributes) of ONNX Runtime's uint8 lookup kernel for ``node`` (QLinearLeakyRelu for
+    Relu and LeakyRelu, QLinearSigmoid for Sigmoid) when the 256-entry table that kernel computes
+    from the scales and zero points is ``table``, checked by running it on every code once per
+    process; None otherwise. Such a kernel maps each code through its table, whatever the
+    position, so equal tables give equal outputs."""
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    forms = {"Relu": ("QLinearLeakyRelu", {"alpha": 0.0}),
+             "LeakyRelu": ("QLinearLeakyRelu", {"alpha": float(node.attrs.get("alpha", 0.01))}),
+             "Sigmoid": ("QLinearSigmoid", {})}
+    if node.op not in forms:
+        return None
+    op_type, attrs = forms[node.op]
+    params = [np.float32(px.scale), np.uint8(px.zero_point), np.float32(py.scale), np.uint8(py.zero_point)]
+    key = (op_type, repr(sorted(attrs.items())), *(p.tobytes() for p in params), table.tobytes())
+    if key not in _TABLE_OPS:
+        names = ["xs", "xz", "ys", "yz"]
+        graph = helper.make_graph(
+            [helper.make_node(op_type, ["x", *names], ["y"], domain="com.microsoft", **attrs)], "table",
+            [helper.make_tensor_value_info("x", TensorProto.UINT8, [256])],
+            [helper.make_tensor_value_info("y", TensorProto.UINT8, [256])],
+            [numpy_helper.from_array(np.asarray(p), n) for p, n in zip(params, names)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13),
+                                                        helper.make_opsetid("com.microsoft", 1)])
+        model.ir_version = 8
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        try:
+            session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            got = session.run(None, {"x": np.arange(256, dtype=np.uint8)})[0]
+            _TABLE_OPS[key] = (op_type, attrs) if np.array_equal(got, table) else None
+        except Exception:  # ONNX Runtime without the contrib kernel: the Gather form
+            _TABLE_OPS[key] = None
+    return _TABLE_OPS[key]
