@@ -973,6 +973,62 @@ def test_channels_without_a_float32_scale_run_apart(case, mode, monkeypatch):
     assert report.startswith("QLinearConv; ") and ("MatMulInteger" if case == 3 else "ConvInteger") in report
 
 
+class Tokens(torch.nn.Module):
+    """A transformer's linear layers: MatMul of [B, T, K] tokens by a constant, its bias a separate
+    Add of a constant vector, a Gemm with a fused Relu after a flatten."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(12, 10) * 0.3)
+        self.b = torch.nn.Parameter(torch.randn(10) * 0.5)
+        self.fc = torch.nn.Linear(70, 6)
+
+    def forward(self, x):
+        return torch.relu(self.fc((x @ self.w + self.b).flatten(1)[:, :70]))
+
+
+@pytest.mark.parametrize("apart", [False, True])
+@pytest.mark.parametrize("signed", [False, True])
+def test_matmul_by_a_constant_and_gemm_run_channels_last_as_one_product(apart, signed, monkeypatch):
+    """A MatMul by a [K, N] constant (any rank of input) and a Gemm run as ONNX Runtime's
+    channels-last QLinearConv on [1, rows, 1, K]: one matrix product over every row of every batch
+    item, reshaped back; channels no float32 scale reproduces (every third here) as MatMulInteger on
+    the same rows, merged on the last axis; the bias Add as QLinearAdd of the constant's codes
+    expanded to the rows. Codes equal the plain path's with uint8 weights (u8u8); with int8 ones
+    (u8s8, taken on VNNI) they must where ONNX Runtime sums u8s8 exactly."""
+    from npuforge.sim import qoperator
+    from npuforge.sim.qoperator import QOperatorBuilder
+
+    scales = QOperatorBuilder._scales
+
+    def some_unproven(self, node):
+        s, bias, proven = scales(self, node)
+        return s, bias, proven & (np.arange(len(proven)) % 3 != 1)
+
+    if apart:
+        monkeypatch.setattr(QOperatorBuilder, "_scales", some_unproven)
+    exact = qoperator.signed_weights_exact()
+    monkeypatch.setattr(qoperator, "signed_weights_exact", lambda: signed)
+    torch.manual_seed(0)
+    g, x = quantized_graph(Tokens(), (2, 7, 12))
+    matmul = next(n.name for n in g.nodes if n.op == "MatMul")
+    gemm = next(n.name for n in g.nodes if n.op == "Gemm")
+    bias = next(n.name for n in g.nodes if n.op == "Add")
+    for mode in ("fixedpoint", "onnx"):
+        if signed and not exact:  # (ONNX Runtime's u8s8 pair sums saturate on this CPU)
+            low = LoweredSimulator(g, mode, form="qoperator")
+            low.run({g.inputs[0]: x})
+        else:
+            low = both(g, {g.inputs[0]: x}, mode)["qoperator"]
+        for name in (matmul, gemm):
+            assert low.lowering[name].startswith("QLinearConv") and ("MatMulInteger" in low.lowering[name] or not apart)
+        assert low.lowering[bias].startswith("QLinearAdd of the constant's codes")
+    convs = [n for n in low.model.graph.node if n.op_type == "QLinearConv"]
+    assert len(convs) == 2 and all(n.domain == "com.microsoft" for n in convs)
+    weights = {i.name: i.data_type for i in low.model.graph.initializer}
+    assert {weights[n.input[3]] for n in convs} == {onnx.TensorProto.INT8 if signed else onnx.TensorProto.UINT8}
+
+
 def test_dead_channels_with_a_bias_at_int32s_end():
     """A channel whose bias is saturated at int32's end has a constant output, but its
     accumulator range leaves int32, where ONNX Runtime's int32 bias addition would wrap:

@@ -48,6 +48,7 @@ from ..ops.activation import FUSED_ATTRS
 from ..quant.requant import multiplier_value
 from . import qlinear_add
 from .lowered import _Builder, channel_subset, requant_rule, uint8_weights
+from .int_ops import NP_INT
 from .lowering_base import LoweringBuilder, channel_ranges, runs_in_float
 from .monotone_fit import Formula, fit_channels, float32_nudged, verify
 
@@ -230,28 +231,35 @@ class QOperatorBuilder(LoweringBuilder):
 
     # -- compute ---------------------------------------------------------------------------
     def _compute(self, node):
-        if node.op not in ("Conv", "Gemm") or node.attrs.get("activation") == "LeakyRelu":
+        """Conv, Gemm and MatMul by a [K, N] constant as QLinearConv; a Gemm or MatMul channels-last:
+        its input [..., K] read as [1, M, 1, K] (every row one pixel: one matrix product however many
+        rows), its output reshaped back. Channels no float32 scale reproduces run apart (``_rest``)."""
+        if node.op not in ("Conv", "Gemm", "MatMul") or node.attrs.get("activation") == "LeakyRelu":
             return self._in_float(node, "no QLinearConv form")
         x, y = node.inputs[0], node.outputs[0]
         x_zp, y_zp = self.zero_point(node, x), self.zero_point(node, y)
         prep = self.plain._prep_compute(node)
+        if node.op == "MatMul" and prep["w"].ndim != 2:
+            return self._in_float(node, "a MatMul by a constant of more than two dims")
         lo, hi = prep["bounds"]
         per_channel = not (isinstance(lo, int) and isinstance(hi, int))  # an equalized model's fused Relu6
         scales, bias, proven = self._scales(node)
         rest = np.flatnonzero(~proven)
         group = node.attrs.get("group", 1) if node.op == "Conv" else 1
-        w = prep["w"] if node.op == "Conv" else (prep["w"] if node.attrs["transB"] else prep["w"].T)[:, :, None, None]
+        channels_last = node.op != "Conv"
+        w = prep["w"] if node.op == "Conv" else \
+            (prep["w"] if node.op == "Gemm" and node.attrs["transB"] else prep["w"].T)[:, :, None, None]
         if rest.size and not (group == 1 or (group == w.shape[0] and w.shape[1] == 1)):
             return self._in_float(node, "a grouped convolution with channels no float32 scale reproduces")
         if rest.size and prep["ftype"] is not torch.float32:
             return self._in_float(node, "channels no float32 scale reproduces, with accumulators beyond 2^24")
         narrow = per_channel or (lo, hi) != (self.codes(node, y).qmin, self.codes(node, y).qmax)
-        stages = ["conv"] + ["clip"] * narrow + ["merge"] * bool(rest.size) + ["squeeze"] * (node.op == "Gemm")
+        stages = ["conv"] + ["clip"] * narrow + ["merge"] * bool(rest.size) + ["reshape"] * channels_last
         out = {stage: (y if stage == stages[-1] else f"{y}::{stage}") for stage in stages}
         x4 = x
-        if node.op == "Gemm":
-            axes = self.const(f"{node.name}::axes", np.int64([2, 3]))
-            x4 = self.emit("Unsqueeze", [x, axes], f"{x}::{node.name}::4d")
+        if channels_last:
+            x4 = self.emit("Reshape", [x, self.const(f"{node.name}::rows", np.int64([1, -1, 1, w.shape[1]]))],
+                           f"{x}::{node.name}::rows")
         one = self.const("unit_scale", np.float32(1))
         w_codes, w_zp = self._weights(w, scales.shape)
         ins = [x4, one, x_zp, self.const(f"{node.name}::w", w_codes), self.const(f"{node.name}::w_scale", scales),
@@ -260,9 +268,12 @@ class QOperatorBuilder(LoweringBuilder):
             ins.append(self.const(f"{node.name}::b", bias.astype(np.int32)))
         attrs = {k: v for k, v in node.attrs.items() if k not in FUSED_ATTRS and v is not None and v != []} \
             if node.op == "Conv" else {}
-        t = self.emit("QLinearConv", ins, out["conv"], **attrs)
+        if channels_last:  # ONNX Runtime's channels-last QLinearConv
+            t = self.emit("QLinearConv", ins, out["conv"], domain="com.microsoft", channels_last=1)
+        else:
+            t = self.emit("QLinearConv", ins, out["conv"], **attrs)
         if narrow and per_channel:  # Max / Min with [C, 1, ...] bounds (Clip takes scalars only)
-            rank = 4 if node.op == "Gemm" else len(self.graph.values[y].shape)  # a Gemm runs as [N, K, 1, 1]
+            rank = 2 if channels_last else len(self.graph.values[y].shape)  # (channels-last: bounds [C])
             bound = lambda v: np.broadcast_to(np.asarray(v), (w.shape[0],)).astype(np.uint8).reshape(  # noqa: E731
                 (-1,) + (1,) * (rank - 2))
             t = self.emit("Max", [t, self.const(f"{y}::lo_c", bound(lo))], f"{y}::max")
@@ -274,17 +285,23 @@ class QOperatorBuilder(LoweringBuilder):
         if rest.size:
             perm = np.arange(len(proven))
             perm[rest] = len(proven) + np.arange(rest.size)
-            r, channels_last = self._rest(node, x4, w, rest, attrs)
-            if channels_last:  # joined as ONNX Runtime runs QLinearConv, channels-last, then one Transpose back
+            r, rest_last = self._rest(node, x4, w, rest, attrs, channels_last)
+            axis = 1
+            if channels_last:  # rows of channels: their order set on the last axis
+                merged, axis = self.emit("Concat", [t, r], f"{y}::both", axis=3), 3
+            elif rest_last:  # joined as ONNX Runtime runs QLinearConv, channels-last, then one Transpose back
                 merged = self.emit("Concat", [self._nhwc(t), r], f"{y}::both_nhwc", axis=3)
                 merged = self.emit("Transpose", [merged], f"{y}::both", perm=[0, 3, 1, 2])
             else:
                 merged = self.emit("Concat", [t, r], f"{y}::both", axis=1)
             # (a Gather on the channels-last axis copies byte by byte: on axis 1 it copies planes)
-            t = self.emit("Gather", [merged, self.const(f"{node.name}::perm", perm)], out["merge"], axis=1)
+            t = self.emit("Gather", [merged, self.const(f"{node.name}::perm", perm)], out["merge"], axis=axis)
             self.report[node.name] += f"; {rest.size} of {len(proven)} channels: {self.report.pop(node.name + '::rest')}"
-        if node.op == "Gemm":
-            self.emit("Squeeze", [t, axes], y)
+        if channels_last:  # [1, M, 1, N] back to [..., N]
+            lead = self.emit("Shape", [x], f"{y}::{node.name}::lead", end=-1)
+            shape = self.emit("Concat", [lead, self.const(f"{node.name}::n", np.int64([w.shape[0]]))],
+                              f"{y}::{node.name}::shape", axis=0)
+            self.emit("Reshape", [t, shape], y)
 
     @staticmethod
     def _weights(w: np.ndarray, zp_shape) -> tuple:
@@ -302,12 +319,12 @@ class QOperatorBuilder(LoweringBuilder):
             self.emit("Transpose", [name], f"{name}::nhwc", perm=[0, 2, 3, 1])
         return f"{name}::nhwc"
 
-    def _rest(self, node, x4: str, w: np.ndarray, rest: np.ndarray, attrs: dict) -> str:
-        """The channels ``rest`` of a Conv (or 4-d Gemm) as ONNX Runtime's exact integer
-        kernels (u8u8, like QLinearConv): ``MatMulInteger`` on the channels-last input for a
-        pointwise one, else ``ConvInteger``; their int32 sums held as float32 and the float
-        lowering's proven requantization formula (the bias added in float64); -> (their
-        uint8 codes, whether channels-last: [N, H, W, len(rest)], else [N, len(rest), H, W])."""
+    def _rest(self, node, x4: str, w: np.ndarray, rest: np.ndarray, attrs: dict, channels_last: bool = False):
+        """The channels ``rest`` of a Conv (or a Gemm / MatMul, ``x4`` then already channels-last)
+        as ONNX Runtime's exact integer kernels (u8u8, like QLinearConv): ``MatMulInteger`` on the
+        channels-last input for a pointwise one, else ``ConvInteger``; their int32 sums held as
+        float32 and the float lowering's proven requantization formula (the bias added in float64);
+        -> (their uint8 codes, whether channels-last: [N, H, W, len(rest)], else [N, len(rest), H, W])."""
         prep = self.plain._prep_compute(node)
         y = node.outputs[0]
         depthwise = attrs.get("group", 1) > 1
@@ -316,8 +333,8 @@ class QOperatorBuilder(LoweringBuilder):
         zps = [self.zero_point(node, node.inputs[0]), self.const("w_zp128", np.uint8(128))]
         # u8u8 on every CPU: with int8 weights ONNX Runtime's ConvInteger ran slower (docs/benchmarks.md)
         if pointwise:
-            acc = self.emit("MatMulInteger", [self._nhwc(x4), self.const(f"{node.name}::rest_wt",
-                                                                          uint8_weights(w[rest, :, 0, 0].T)), *zps],
+            wt = self.const(f"{node.name}::rest_wt", uint8_weights(w[rest, :, 0, 0].T))
+            acc = self.emit("MatMulInteger", [x4 if channels_last else self._nhwc(x4), wt, *zps],
                             f"{node.name}::rest_acc")
         else:
             xin = self.emit("Gather", [x4, self.const(f"{node.name}::rest_in", rest)], f"{node.name}::rest_x",
@@ -398,6 +415,9 @@ class QOperatorBuilder(LoweringBuilder):
         two_activations = not any(f"input{k}" in node.quant for k in range(2)) and node.inputs[0] != node.inputs[1]
         if node.op == "Add" and two_activations:
             return self._add(node)
+        consts = [k for k in range(2) if f"input{k}" in node.quant]
+        if node.op == "Add" and len(consts) == 1 and self._add_constant(node, 1 - consts[0]):
+            return
         if self.plain.rounding != "onnx":
             return self._in_float(node, "fixed-point arithmetic")
         if node.op != "Mul" or not two_activations:
@@ -425,6 +445,42 @@ class QOperatorBuilder(LoweringBuilder):
                self.const("unit_scale", np.float32(1)), self.zero_point(node, node.outputs[0])]
         self.emit("QLinearAdd", ins, node.outputs[0], "com.microsoft")
         self.report[node.name] = "QLinearAdd (ratios proven on every pair of codes)"
+
+    def _add_constant(self, node, k: int) -> bool:
+        """An Add of activation ``k`` and an 8-bit per-tensor constant (a linear layer's bias after
+        its MatMul) as ``QLinearAdd`` with ratios proven on every pair of codes, the constant's
+        codes (int8 moved to uint8 with their zero point) expanded to the activation's shape, as
+        QLinearAdd's same-shape kernel needs; False (nothing emitted) where that does not apply."""
+        g = self.graph
+        x, c, y = node.inputs[k], node.inputs[1 - k], node.outputs[0]
+        qx, qy, qc = self.codes(node, x), self.codes(node, y), g.values[c].quant
+        if qc is None or qc.dtype not in ("int8", "uint8") or qc.per_channel:
+            return False
+        role = f"input{1 - k}"
+        codes = np.asarray(self.plain._int(node, role)).astype(np.int64)
+        xs = list(g.values[x].shape)
+        lead = len(xs) - codes.ndim
+        if lead < 0 or any(d != 1 and d != xs[lead + i] for i, d in enumerate(codes.shape)):
+            return False  # the constant would widen the output
+        shift = 128 if qc.dtype == "int8" else 0
+        probe = dataclasses.replace(node, quant={r: v for r, v in node.quant.items() if r != role})
+        feeds = {x: torch.arange(256, dtype=torch.uint8)[:, None],
+                 c: torch.from_numpy((np.arange(256) - shift).astype(NP_INT[qc.dtype]))[None, :]}
+        table = self.plain._elementwise(probe, feeds)[0].numpy()  # [x's code, constant's code + shift]
+        zx, zc, zy = int(qx.zero_point), int(qc.zero_point) + shift, int(qy.zero_point)
+        ratios = qlinear_add.fit(table, zx, zc, zy, float(qx.scale) / float(qy.scale),
+                                 float(qc.scale) / float(qy.scale))
+        if ratios is None:
+            return False
+        shape = self.emit("Shape", [x], f"{node.name}::shape")
+        wide = self.emit("Expand", [self.const(f"{node.name}::c", (codes + shift).astype(np.uint8)), shape],
+                         f"{node.name}::c_wide")
+        ins = [x, self.const(f"{node.name}::ra", ratios[0]), self.zero_point(node, x),
+               wide, self.const(f"{node.name}::rb", ratios[1]), self.const(f"{node.name}::zc", np.uint8(zc)),
+               self.const("unit_scale", np.float32(1)), self.zero_point(node, y)]
+        self.emit("QLinearAdd", ins, y, "com.microsoft")
+        self.report[node.name] = "QLinearAdd of the constant's codes (ratios proven on every pair of codes)"
+        return True
 
     def _pool(self, node):
         if self.plain.rounding != "onnx" or node.op != "GlobalAveragePool":
