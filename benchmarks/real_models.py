@@ -23,8 +23,9 @@ Per model, one row:
               for the others; the nodes its "kept in float" warnings name, grouped by op and reason
   int8        the quantized IR in npuforge's integer simulator (``make_simulator(q,
               "fixedpoint", "auto")``) against the reference's float outputs on held-out inputs,
-              with a metric that suits the task (below); where auto falls back to the plain
-              path, whether the ``fast`` engine lowers it (``fast_engine`` in the JSON)
+              with a metric that suits the task (below); ``sim_engine``: ort-lowered, split
+              (lowered up to a node with no lowering, plain from there) or plain; where auto
+              does not lower it all, whether the ``fast`` engine does (``fast_engine``)
   ORT         ``onnxruntime.quantization.quantize_static`` (QDQ, per-channel QInt8 weights,
               QUInt8 activations, MinMax) on the same calibration arrays, of the ONNX file as
               shipped, or for a .tflite file of npuforge's float ONNX export of the imported
@@ -702,12 +703,16 @@ def int8_stage(row: dict, q, model: Model, refs: list, evals: list, names: list,
             warnings.simplefilter("always")
             sim = make_simulator(q, "fixedpoint", "auto")
             outs = [sim.run(f) for f in evals]
-        row["sim_engine"] = "plain" if getattr(sim, "fallback", None) else "ort-lowered"
-        if getattr(sim, "fallback", None):
-            row["sim_fallback"] = sim.fallback
+        def engine_of(sim) -> tuple:  # (how it runs, why not wholly lowered)
+            why = getattr(sim, "fallback", None) or getattr(sim, "plain_from", None)
+            return ("plain" if getattr(sim, "fallback", None) else "split" if why else "ort-lowered"), why
+
+        row["sim_engine"], why = engine_of(sim)
+        if why:
+            row["sim_fallback"] = why
             # eval --engine int and analyze take the fast engine, which lowers the nodes kept in float too
-            fast = make_simulator(q, "fixedpoint", "fast")
-            row["fast_engine"] = f"plain: {fast.fallback}" if getattr(fast, "fallback", None) else "ort-lowered"
+            how, why = engine_of(make_simulator(q, "fixedpoint", "fast"))
+            row["fast_engine"] = f"{how}: {why}" if why else how
         row["sim_warnings"] = sorted({f"{Path(w.filename).name}:{w.lineno}: {w.category.__name__}: "
                                       f"{str(w.message)[:120]}" for w in caught})
         outs = [{n: np.asarray(o[n]).reshape(r[n].shape) for n in names} for o, r in zip(outs, refs)]
