@@ -471,6 +471,10 @@ def test_matmul_of_two_activations_is_lowered(mode):
         how = [v for v in lows["float"].lowering.values() if v.startswith("matmul of activations")]
         products = sorted("float64 product" in v for v in how)
         assert products == ([False, False] if not wide else [False, True]), how  # attention x V: K = 6
+        # the qoperator form: QLinearMatMul, its u8u8 product exact, its float32 scale proven
+        matmuls = [n.name for n in g.nodes if n.op == "MatMul" and not g.values[n.inputs[1]].is_const]
+        assert [lows["qoperator"].lowering[n] for n in matmuls] == ["QLinearMatMul (its float32 scale proven on "
+                                                                    "every accumulator)"] * 2
 
 
 class ClassToken(torch.nn.Module):

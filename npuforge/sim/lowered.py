@@ -163,6 +163,15 @@ def proven_formula(plain, node, prep: dict, offset: np.ndarray, a, b, lo, hi,
     return None
 
 
+def matmul_rule(plain, node, aq, bq, yq) -> dict:
+    """The requantization constants of a MatMul of two activations, as IntegerSimulator._matmul
+    applies them (``onnx``: the float32 scale; else the fixed-point multiplier and shift)."""
+    if plain.rounding == "onnx":
+        return {"scale": (np.float32(aq.scale) * np.float32(bq.scale)).astype(np.float32) / np.float32(yq.scale)}
+    return {"R": plain._R, "fits_int32": False, "M": plain._int(node, "multiplier").astype(np.int64)[:1],
+            "S": plain._int(node, "shift").astype(np.int64)[:1]}
+
+
 def uint8_weights(w: np.ndarray) -> np.ndarray:
     """int8 weight codes as uint8 ``w + 128`` (zero point 128): ONNX Runtime's u8u8 integer
     convolutions, exact on every CPU, compute the same accumulator on them."""
@@ -428,11 +437,7 @@ class _Builder(TableLowerings, LoweringBuilder):
         product = "float64" if wide else "float32"
         if wide and plain.rounding == "onnx":  # ONNX's rule starts from float32(acc): that rounding is its own
             acc, wide = self.emit("Cast", [acc], f"{node.name}::acc32", to=TensorProto.FLOAT), False
-        if plain.rounding == "onnx":
-            prep = {"scale": (np.float32(aq.scale) * np.float32(bq.scale)).astype(np.float32) / np.float32(yq.scale)}
-        else:  # as IntegerSimulator._matmul: the int32-saturating fixed-point rule
-            prep = {"R": plain._R, "fits_int32": False, "M": plain._int(node, "multiplier").astype(np.int64)[:1],
-                    "S": plain._int(node, "shift").astype(np.int64)[:1]}
+        prep = matmul_rule(plain, node, aq, bq, yq)
         zp = int(yq.zero_point)
         lo_c, hi_c = np.array([yq.qmin - zp]), np.array([yq.qmax - zp])
         acc_dtype = np.float64 if wide else np.float32

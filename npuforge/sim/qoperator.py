@@ -47,8 +47,8 @@ from ..ir import dtypes
 from ..ops.activation import FUSED_ATTRS
 from ..quant.requant import multiplier_value
 from . import qlinear_add
-from .lowered import _Builder, channel_subset, requant_rule, uint8_weights
-from .int_ops import NP_INT
+from .lowered import _Builder, channel_subset, matmul_rule, requant_rule, uint8_weights
+from .int_ops import NP_INT, max_abs_code
 from .lowering_base import LoweringBuilder, channel_ranges, runs_in_float
 from .monotone_fit import Formula, fit_channels, float32_nudged, verify
 
@@ -286,16 +286,19 @@ class QOperatorBuilder(LoweringBuilder):
             perm = np.arange(len(proven))
             perm[rest] = len(proven) + np.arange(rest.size)
             r, rest_last = self._rest(node, x4, w, rest, attrs, channels_last)
-            axis = 1
-            if channels_last:  # rows of channels: their order set on the last axis
-                merged, axis = self.emit("Concat", [t, r], f"{y}::both", axis=3), 3
+            if channels_last:  # rows of channels: channels first, so that the Gather copies whole rows
+                merged = self.emit("Concat", [t, r], f"{y}::both_last", axis=3)
+                merged = self.emit("Transpose", [merged], f"{y}::both", perm=[3, 0, 1, 2])
             elif rest_last:  # joined as ONNX Runtime runs QLinearConv, channels-last, then one Transpose back
                 merged = self.emit("Concat", [self._nhwc(t), r], f"{y}::both_nhwc", axis=3)
                 merged = self.emit("Transpose", [merged], f"{y}::both", perm=[0, 3, 1, 2])
             else:
                 merged = self.emit("Concat", [t, r], f"{y}::both", axis=1)
             # (a Gather on the channels-last axis copies byte by byte: on axis 1 it copies planes)
-            t = self.emit("Gather", [merged, self.const(f"{node.name}::perm", perm)], out["merge"], axis=axis)
+            t = self.emit("Gather", [merged, self.const(f"{node.name}::perm", perm)],
+                          f"{y}::picked" if channels_last else out["merge"], axis=0 if channels_last else 1)
+            if channels_last:
+                t = self.emit("Transpose", [t], out["merge"], perm=[1, 2, 3, 0])
             self.report[node.name] += f"; {rest.size} of {len(proven)} channels: {self.report.pop(node.name + '::rest')}"
         if channels_last:  # [1, M, 1, N] back to [..., N]
             lead = self.emit("Shape", [x], f"{y}::{node.name}::lead", end=-1)
@@ -490,7 +493,32 @@ class QOperatorBuilder(LoweringBuilder):
                   node.outputs[0], "com.microsoft", channels_last=0)
 
     def _matmul(self, node):
-        return self._in_float(node, "a MatMul of two activations: the float lowering's exact product")
+        """A MatMul of two activations (attention's Q K^T and its weights times V) as QLinearMatMul,
+        whose u8u8 product is exact in int32 and whose ``rint(float32(acc) * s)`` is proven equal to
+        the node's requantization on [-bound, bound] for some float32 ``s`` near its multiplier;
+        else the float lowering's exact product."""
+        a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
+        qa, qb, qy = (self.codes(node, n) for n in (a, b, y))
+        k = self.graph.values[a].shape[-1]
+        bound = k * max_abs_code(qa) * max_abs_code(qb) if isinstance(k, int) else None
+        if bound is None or bound >= 2**31:
+            return self._in_float(node, "a MatMul of two activations beyond int32: the float lowering's product")
+        prep = matmul_rule(self.plain, node, qa, qb, qy)
+        zp = int(qy.zero_point)
+        lo, hi, ends = np.array([qy.qmin - zp]), np.array([qy.qmax - zp]), (np.array([-bound]), np.array([bound]))
+        if self.plain.rounding == "onnx":
+            scales = [np.asarray(prep["scale"], np.float32).reshape(1)]
+        else:
+            m = np.broadcast_to(multiplier_value(prep["M"], prep["S"]), (1,))
+            scales = [float32_nudged(m, ulps) for ulps in SCALE_NUDGES]
+        formula, proven = fit_channels(requant_rule(self.plain, node, prep, lo, hi),
+                                       [Formula(s, rnd="round") for s in scales], *ends, lo, hi)
+        if formula is None or not proven.all():
+            return self._in_float(node, "a MatMul of two activations no float32 scale reproduces")
+        one = self.const("unit_scale", np.float32(1))
+        self.emit("QLinearMatMul", [a, self.const(f"{node.name}::s", np.float32(formula.r[0])), self.zero_point(node, a),
+                                    b, one, self.zero_point(node, b), one, self.zero_point(node, y)], y)
+        self.report[node.name] = "QLinearMatMul (its float32 scale proven on every accumulator)"
 
     def _softmax(self, node):
         return self._in_float(node, "no QLinear form that computes the integer rule")
