@@ -516,8 +516,9 @@ class QOperatorBuilder(LoweringBuilder):
         if formula is None or not proven.all():
             return self._in_float(node, "a MatMul of two activations no float32 scale reproduces")
         one = self.const("unit_scale", np.float32(1))
-        self.emit("QLinearMatMul", [a, self.const(f"{node.name}::s", np.float32(formula.r[0])), self.zero_point(node, a),
-                                    b, one, self.zero_point(node, b), one, self.zero_point(node, y)], y)
+        scale = self.const(f"{node.name}::s", np.float32(formula.r[0]))
+        self.emit("QLinearMatMul", [a, scale, self.zero_point(node, a), b, one, self.zero_point(node, b), one,
+                                    self.zero_point(node, y)], y)
         self.report[node.name] = "QLinearMatMul (its float32 scale proven on every accumulator)"
 
     def _softmax(self, node):
