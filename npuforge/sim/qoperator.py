@@ -131,7 +131,8 @@ class QOperatorBuilder(LoweringBuilder):
     def check_inputs(self) -> None:
         for name in self.graph.inputs:
             v = self.graph.values[name]
-            if v.quant is not None or v.dtype != "float32":  # a float input feeds nodes kept in float
+            # a float input feeds nodes kept in float; token ids and the like are read as they are
+            if v.quant is not None or (v.dtype != "float32" and not self.is_index(name)):
                 self.codes(None, name)
 
     # -- nodes lowered in float ------------------------------------------------------------
@@ -561,6 +562,8 @@ class QOperatorBuilder(LoweringBuilder):
             return self._in_float(node, "no uint8 form")
         if node.op == "Concat" and any(g.values[n].is_const for n in node.inputs):
             return self._in_float(node, "a constant input (the float lowering writes its codes)")
+        if node.op == "Gather" and g.values[node.inputs[0]].is_const:
+            return self._lookup_rows(node)
         self.codes(node, node.inputs[0])
         for name in node.inputs[1:]:
             if name and node.op == "Concat":
@@ -576,6 +579,21 @@ class QOperatorBuilder(LoweringBuilder):
         self.nodes.extend(_nodes_of(g, node))
 
     _concat = _passthrough
+
+    def _lookup_rows(self, node):
+        """A Gather of a constant table by computed indices (token ids into an embedding): the
+        table's uint8 codes, as the plain path reads them, gathered by ONNX Runtime's Gather."""
+        g = self.graph
+        table, index = node.inputs[:2]
+        p, py = g.values[table].quant, g.values[node.outputs[0]].quant
+        if p is None or p.dtype != "uint8" or p.per_channel or py is None or not p.same_as(py) or \
+                not (g.values[index].is_const or self.is_index(index)):
+            return self._in_float(node, "a constant table on another grid than its output's")
+        self.const(table, self.plain._get(table, {}).numpy().astype(np.uint8))
+        if g.values[index].is_const:
+            self.const(index, np.asarray(g.values[index].data))
+        self.nodes.extend(_nodes_of(g, node))
+        self.report[node.name] = "Gather of the table's codes"
 
 
 _TABLE_OPS: dict = {}  # (op, attributes, parameters, table) -> ONNX Runtime's op with that table, or None
