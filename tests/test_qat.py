@@ -86,7 +86,8 @@ def test_qat_forward_is_the_integer_program(config):
     np.testing.assert_array_equal(y.detach().numpy(), ref)  # the same codes, dequantized
     with torch.no_grad():  # the evaluation forward: the simulator alone
         np.testing.assert_array_equal(program(torch.from_numpy(x)).numpy(), ref)
-    # the integers are the quantizer's own decision
+    # the integers are the quantizer's own decision, with its nearest multipliers (QAT keeps those)
+    config = dict(config, ort_multipliers=False) if not config.get("tflite_multipliers") else config
     expected = npuforge.quantize(graph, calibration(), config, optimize=False)
     if config.get("adaround"):  # a start whose rounding is not the nearest: the trained weights carry it
         nearest = npuforge.quantize(graph, calibration(), {k: v for k, v in config.items() if "adaround" not in k},

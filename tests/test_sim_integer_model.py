@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 def quantized(imagenet_sample, tmp_path_factory):
     out = tmp_path_factory.mktemp("l0q") / "l0q.nfir"
     assert cli_main(["quantize", "efficientnet_lite0", "--calib", str(imagenet_sample), "--num-calib", "100",
-                     "-o", str(out)]) == 0
+                     "--no-ort-multipliers", "-o", str(out)]) == 0  # the nearest: channels apart to test
     return npuforge.load(out)
 
 
@@ -58,7 +58,7 @@ def test_lowered_simulator_is_bit_exact_on_lite0(quantized, imagenet_sample):
     """The ONNX Runtime fast path computes the same codes as the plain simulator on real
     images: ONNX Runtime's own integer operators in every rounding mode (each Conv a
     QLinearConv for the channels it reproduces, the rest apart; fewer apart with
-    --ort-multipliers), and the float lowering."""
+    the multipliers quantize picks by default), and the float lowering."""
     from npuforge.workflow import transform_of
     from npuforge.zoo.data import ImageDataset, iter_batches
 
@@ -69,7 +69,7 @@ def test_lowered_simulator_is_bit_exact_on_lite0(quantized, imagenet_sample):
     dataset = ImageDataset(imagenet_sample, None, limit=8, skip=100)
     x, _, _ = next(iter_batches(dataset, transform_of(quantized.metadata["preprocess"]), 8, 2))
     name, out = quantized.inputs[0], quantized.outputs[0]
-    matched = copy.deepcopy(quantized)  # as quantize --ort-multipliers leaves it
+    matched = copy.deepcopy(quantized)  # as quantize leaves it by default
     report = match_multipliers(matched)
     assert report["matched"] >= 0.9 * report["channels"] and report["max_code_change"] <= 2**-10
     apart = {}

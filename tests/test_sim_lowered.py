@@ -1064,6 +1064,33 @@ def test_ort_and_tflite_multipliers_exclude_each_other():
         QuantConfig(ort_multipliers=True, tflite_multipliers=True)
 
 
+def test_quantize_picks_multipliers_ort_reproduces_by_default():
+    """By default the quantizer moves each 8-bit Conv's multipliers to ones QLinearConv reproduces
+    (the integer program runs on ONNX Runtime's kernels, no channel apart); ort_multipliers=False
+    keeps the nearest, and TFLite's multipliers are never moved."""
+    import npuforge
+    from npuforge.quant.config import QuantConfig
+    from npuforge.sim.lowered import LoweredSimulator
+
+    assert QuantConfig().resolved_ort_multipliers and not QuantConfig(target="tflite").resolved_ort_multipliers
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3), torch.nn.ReLU(), torch.nn.Conv2d(64, 48, 1))
+    torch.manual_seed(3)
+    graph = npuforge.from_torch(module.eval(), torch.zeros(1, 3, 12, 12))
+    calib = [np.random.default_rng(k).standard_normal((2, 3, 12, 12)).astype(np.float32) for k in range(3)]
+    made = {}
+    for option in (None, False):
+        q = npuforge.quantize(graph, calib, {} if option is None else {"ort_multipliers": option})
+        low = LoweredSimulator(q, "fixedpoint", form="qoperator")
+        made[option] = (q, sum(how.count(";") for how in low.lowering.values()))
+        x = calib[0]
+        np.testing.assert_array_equal(low.run({q.inputs[0]: x}, dequantize=False)[q.outputs[0]],
+                                      IntegerSimulator(q).run({q.inputs[0]: x}, dequantize=False)[q.outputs[0]])
+    report = made[None][0].metadata["quantization"]["ort_multipliers"]
+    assert report["matched"] == report["channels"] == 112 and report["max_code_change"] <= 2**-10
+    assert "ort_multipliers" not in made[False][0].metadata["quantization"]
+    assert made[None][1] == 0 < made[False][1]  # the nearest multipliers leave channels apart here
+
+
 def test_fast_engine_lowers_float_nodes_and_eval_says_why_auto_is_slow(tmp_path, capsys):
     """--sim-engine fast (eval's default): a model with a layer kept in float runs lowered (auto
     falls back to the plain simulator, and eval --engine int says so in one note, pointing to

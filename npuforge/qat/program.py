@@ -158,7 +158,7 @@ class QATProgram(torch.nn.Module):
                  log=None, progress=None, learn_scales: bool = False):
         super().__init__()
         config = config if isinstance(config, QuantConfig) else QuantConfig.from_dict(dict(config or {}))
-        if config.ort_multipliers:
+        if config.ort_multipliers:  # (by default QAT keeps the multipliers it learnt with)
             raise NpuforgeError("QAT decides the requantization multipliers itself; drop --ort-multipliers")
         if len(graph.inputs) != 1:
             raise NpuforgeError(f"graph '{graph.name}' has {len(graph.inputs)} inputs; QAT takes one image input")
@@ -173,7 +173,7 @@ class QATProgram(torch.nn.Module):
             equalize(self.template)
         data = list(data) if config.bias_correction or config.adaround else data
         # the per-step decision: plain (round to nearest, from the current weights)
-        self.config = replace(config, equalize=False, bias_correction=False, adaround=False)
+        self.config = replace(config, equalize=False, bias_correction=False, adaround=False, ort_multipliers=False)
         self.plan, self.observers, self.images, self.seconds = calibrated_plan(
             self.template, data, self.config, progress=progress, log=self.log)
         self.names = trainable_constants(self.template, self.plan)

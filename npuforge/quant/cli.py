@@ -3,6 +3,7 @@ quantized IR and its ONNX QDQ file."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -56,11 +57,12 @@ def add_quantize_parser(sub) -> None:
                         "detector's box path) only where LiteRT's 16x8 kernels compute the same integers, and "
                         "rewrites what TFLite has no builtin for: a fused LeakyRelu, PRelu, LayerNormalization "
                         "(docs/tflite.md)")
-    p.add_argument("--ort-multipliers", action="store_true",
+    p.add_argument("--ort-multipliers", action=argparse.BooleanOptionalAction, default=None,
                    help="move each Conv / Gemm multiplier by at most 2^-18 of itself (more where a channel's outputs "
                         "stay small, never an output by more than 2^-10 of a code) to one ONNX Runtime's integer "
                         "convolution reproduces exactly: the integer simulator then runs almost every channel on "
-                        "ONNX Runtime's int8 kernels (docs/simulator.md)")
+                        "ONNX Runtime's int8 kernels (docs/simulator.md); on by default, except with "
+                        "--tflite-multipliers / --target tflite; --no-ort-multipliers keeps the nearest multipliers")
     p.add_argument("--int16", default="", metavar="NAMES", help="comma-separated values or nodes kept at int16")
     p.add_argument("--keep-float", default="", metavar="NODES", help="comma-separated nodes kept in float")
     p.add_argument("--concat-range-ratio", type=float, default=16.0, metavar="R",

@@ -64,11 +64,12 @@ class QuantConfig:
                 "default right shifts of up to 10 bits are folded in, so requantization rounds once instead of "
                 "twice), and TFLite's ADD, MEAN, AVERAGE_POOL_2D, FULLY_CONNECTED, SOFTMAX and activation "
                 "kernels with its fixed output grids; needed by the int8 TFLite export"})
-    ort_multipliers: bool = field(default=False, metadata={
+    ort_multipliers: bool | None = field(default=None, metadata={
         "help": "move each Conv / Gemm multiplier by at most 2^-18 of itself (more where a channel's outputs stay "
                 "small, never an output by more than 2^-10 of a code) to one whose fixed-point rule ONNX "
                 "Runtime's integer convolution reproduces exactly, so the integer simulator runs more of the "
-                "model on ONNX Runtime's int8 kernels (not with tflite_multipliers)"})
+                "model on ONNX Runtime's int8 kernels; default (None): on, except with tflite_multipliers, "
+                "whose multipliers are TFLite's exact values"})
     target: str = field(default="", metadata={
         "help": "tflite: quantize for the TFLite export, which then always takes the result: TFLite's "
                 "arithmetic (tflite_multipliers), int8 activations, int16 only where LiteRT's 16x8 kernels compute "
@@ -101,6 +102,12 @@ class QuantConfig:
         if self.adaround_iters < 1:
             raise NpuforgeError(f"quantization option adaround_iters={self.adaround_iters}: give at least 1")
         self.int16, self.keep_float, self.per_channel = list(self.int16), list(self.keep_float), list(self.per_channel)
+
+    @property
+    def resolved_ort_multipliers(self) -> bool:
+        """Whether the quantizer moves multipliers to ones ONNX Runtime reproduces: as asked, by default
+        unless TFLite's own multipliers are asked for."""
+        return (not self.tflite_multipliers) if self.ort_multipliers is None else self.ort_multipliers
 
     @property
     def resolved_weight_method(self) -> str:

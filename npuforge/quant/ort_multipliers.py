@@ -213,6 +213,13 @@ def _try_scale(m, e, a, b, lo, hi, ulps: int, shared: bool, target=None,
     return ok, pick
 
 
+def _eight_bit(graph, node) -> bool:
+    """Whether ``node`` reads and writes 8-bit activations: ONNX Runtime's QLinearConv has no
+    int16 form, and an int16 output has 256 times the steps to prove."""
+    return all(graph.values[n].quant.dtype in ("uint8", "int8") for n in (node.inputs[0], node.outputs[0])
+               if graph.values[n].quant is not None)
+
+
 def match_multipliers(graph, names=None, progress=None) -> dict:
     """Rewrite, in place, the shift-0 multipliers of every quantized Conv / Gemm (those
     in ``names`` if given) to ones ONNX Runtime's QLinearConv reproduces; -> a report."""
@@ -220,7 +227,7 @@ def match_multipliers(graph, names=None, progress=None) -> dict:
 
     sim = IntegerSimulator(graph, "fixedpoint")
     nodes = [n for n in graph.nodes if sim._kind(n) == "compute" and n.op in ("Conv", "Gemm")
-             and (names is None or n.name in names)]
+             and (names is None or n.name in names) and _eight_bit(graph, n)]
     report = {"channels": 0, "matched": 0, "max_relative_change": 0.0, "max_code_change": 0.0, "unmatched_nodes": []}
     for k, node in enumerate(nodes):
         got = match_node(sim, node)

@@ -550,7 +550,7 @@ def _finish(calibrated: tuple, config: QuantConfig, layer_progress):
               bias_correction=config.adaround_bias_correction, cache_dir=config.adaround_cache or None)
     if config.bias_correction:
         _step(steps, "bias_correction", layer_progress, correct_bias, graph, data, compute)
-    if config.ort_multipliers:  # last: it depends on the final weights and biases
+    if config.resolved_ort_multipliers:  # last: it depends on the final weights and biases
         _step(steps, "ort_multipliers", None, match_multipliers, graph, compute)
     record(graph, config, plan, images, wide_concats, steps)
     graph.check()
