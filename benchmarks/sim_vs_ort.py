@@ -1,6 +1,6 @@
 """The integer simulator against ONNX Runtime on a quantized model, in one run.
 
-    .venv/bin/python benchmarks/sim_vs_ort.py QMODEL.nfir [--batch 25] [--batches 2] [--threads 2]
+    .venv/bin/python benchmarks/sim_vs_ort.py QMODEL.nfir [--batch 25] [--batches 2] [--threads 2] [--rounds 3]
     .venv/bin/python benchmarks/sim_vs_ort.py QMODEL.nfir --agreement DIR [--skip 100] [--rounding MODES]
 
 Throughput (default): images/s of the integer simulator (fixedpoint and onnx
@@ -8,9 +8,12 @@ rounding; its plain torch path and its ONNX Runtime lowerings: ONNX Runtime's
 integer operators, and float operators on exact integers) and of an ONNX
 Runtime session of npuforge's QDQ export (ORT fuses it into its int8 kernels),
 and of the float model (the ceiling of anything on float kernels), same random
-batch, same thread count, one process, after one warm-up batch each; prints the
-table and the ratios to ONNX Runtime's QDQ session, timed first and last, the
-faster of the two.
+batch, same thread count, one process, after one warm-up batch each. The engines
+are timed in interleaved rounds (--rounds, each --batches batches) and each keeps
+its best round, so a drift of the machine's speed over the run (up to 1.5x between
+two timings of one session on these machines) does not favour whichever engine
+ran in the fast stretch; prints the table and the ratios to ONNX Runtime's QDQ
+session.
 
 --agreement DIR [--rounding fixedpoint,single,onnx]: top-1 of the integer
 simulator in each rounding mode and of fake-quant on the images of DIR (after
@@ -36,14 +39,13 @@ from npuforge.sim.lowered import LoweredSimulator, make_simulator  # noqa: E402
 
 
 def throughput(fn, x, batches: int) -> float:
-    fn(x)  # warm-up (prepares the simulator's constants, ORT's kernels)
     start = time.perf_counter()
     for _ in range(batches):
         fn(x)
     return batches * len(x) / (time.perf_counter() - start)
 
 
-def bench(graph, batch: int, batches: int, threads: int) -> None:
+def bench(graph, batch: int, batches: int, threads: int, rounds: int) -> None:
     import onnxruntime as ort
 
     from npuforge.export import to_onnx, to_qdq_onnx
@@ -55,46 +57,49 @@ def bench(graph, batch: int, batches: int, threads: int) -> None:
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    engines = []  # (label, run a batch), all built first, then timed in interleaved rounds
     session = ort.InferenceSession(to_qdq_onnx(graph).SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
-    rows = []
-    ort_ips = throughput(lambda a: session.run(None, {name: a}), x, batches)
     start = time.perf_counter()
     auto = make_simulator(graph, "fixedpoint")
     built = time.perf_counter() - start
     how = f"split: plain from {auto.plain_from}" if hasattr(auto, "plain_from") else type(auto).__name__
-    rows.append((f"integer simulator, `fixedpoint`, `make_simulator` (auto: {how}; built in {built:.1f} s)",
-                 throughput(lambda a: auto.run({name: a}), x, batches)))
+    engines.append((f"integer simulator, `fixedpoint`, `make_simulator` (auto: {how}; built in {built:.1f} s)",
+                    lambda a: auto.run({name: a})))
     for mode, form in (("fixedpoint", "qoperator"), ("fixedpoint", "float"), ("onnx", "qoperator")):
         start = time.perf_counter()
         try:
             low = LoweredSimulator(graph, mode, threads, form=form)
         except UnsupportedError as e:  # the whole graph in one lowering: not where a node has none
-            rows.append((f"integer simulator, `{mode}`, ONNX Runtime lowering, {form} form (refused: {e})", None))
+            engines.append((f"integer simulator, `{mode}`, ONNX Runtime lowering, {form} form (refused: {e})", None))
             continue
         built = time.perf_counter() - start
         split = sum(1 for how in low.lowering.values() if how.startswith("QLinearConv; "))
-        rows.append((f"integer simulator, `{mode}`, ONNX Runtime lowering, {form} form (built in {built:.1f} s"
-                     f"{f'; {split} convolutions with channels apart' if split else ''})",
-                     throughput(lambda a: low.run({name: a}), x, batches)))
+        engines.append((f"integer simulator, `{mode}`, ONNX Runtime lowering, {form} form (built in {built:.1f} s"
+                        f"{f'; {split} convolutions with channels apart' if split else ''})",
+                        lambda a, low=low: low.run({name: a})))
     for mode in ("fixedpoint", "onnx"):
         sim = IntegerSimulator(graph, mode)
-        rows.append((f"integer simulator, `{mode}`, plain torch path", throughput(lambda a: sim.run({name: a}), x,
-                                                                                    batches)))
-    rows.append(("ONNX Runtime, QDQ export (int8 kernels)", ort_ips))
+        engines.append((f"integer simulator, `{mode}`, plain torch path", lambda a, sim=sim: sim.run({name: a})))
+    engines.append(("ONNX Runtime, QDQ export (int8 kernels)", lambda a: session.run(None, {name: a})))
     # the ceiling of any integer program run on float kernels: the float model itself
     float_session = ort.InferenceSession(to_onnx(graph).SerializeToString(), options,
                                          providers=["CPUExecutionProvider"])
-    rows.append(("ONNX Runtime, the float model (fp32 kernels)",
-                 throughput(lambda a: float_session.run(None, {name: a}), x, batches)))
-    ort_ips2 = throughput(lambda a: session.run(None, {name: a}), x, batches)  # load drift over the run
-    rows.append(("ONNX Runtime, QDQ export, timed again last", ort_ips2))
-    print(f"{graph.name}: batch {batch}, {batches} timed batches, {threads} threads, torch {torch.__version__}, "
-          f"onnxruntime {ort.__version__}")
-    reference = max(ort_ips, ort_ips2)  # ONNX Runtime's faster timing: the ratios are not flattered by its drift
-    print("| engine | images/s | vs ONNX Runtime's QDQ (the faster of its two timings) |\n|---|---:|---:|")
-    for label, ips in rows:
-        print(f"| {label} | {ips:.1f} | {ips / reference:.2f}x |" if ips is not None else f"| {label} | - | - |")
+    engines.append(("ONNX Runtime, the float model (fp32 kernels)", lambda a: float_session.run(None, {name: a})))
+    for _, run in engines:
+        if run is not None:
+            run(x)  # warm-up (prepares the simulator's constants, ORT's kernels)
+    best = [0.0] * len(engines)
+    for _ in range(rounds):  # the machine's speed drifts: every engine is timed in every round, its best kept
+        for k, (_, run) in enumerate(engines):
+            if run is not None:
+                best[k] = max(best[k], throughput(run, x, batches))
+    print(f"{graph.name}: batch {batch}, {batches} timed batches x {rounds} interleaved rounds (each engine's best "
+          f"round), {threads} threads, torch {torch.__version__}, onnxruntime {ort.__version__}")
+    reference = best[-2]
+    print("| engine | images/s | vs ONNX Runtime's QDQ |\n|---|---:|---:|")
+    for (label, run), ips in zip(engines, best):
+        print(f"| {label} | {ips:.1f} | {ips / reference:.2f}x |" if run is not None else f"| {label} | - | - |")
 
 
 def agreement(graph, data: str, skip: int, limit: int | None, batch: int, threads: int, modes: list) -> None:
@@ -134,6 +139,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=25)
     p.add_argument("--batches", type=int, default=2, help="timed batches per engine")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds; each engine's best is kept")
     p.add_argument("--agreement", metavar="DIR", help="instead: top-1 and agreement of int vs fake-quant on DIR")
     p.add_argument("--rounding", default="fixedpoint", help="comma-separated rounding modes for --agreement")
     p.add_argument("--skip", type=int, default=100)
@@ -143,7 +149,7 @@ def main() -> None:
     if args.agreement:
         agreement(graph, args.agreement, args.skip, args.limit, args.batch, args.threads, args.rounding.split(","))
     else:
-        bench(graph, args.batch, args.batches, args.threads)
+        bench(graph, args.batch, args.batches, args.threads, args.rounds)
 
 
 if __name__ == "__main__":

@@ -1178,3 +1178,42 @@ def test_a_cast_of_an_integer_input_into_a_quantized_value_is_lowered_exactly():
     lowered, plain = make_simulator(q, "fixedpoint", "ort"), IntegerSimulator(q)
     for f in feeds:
         np.testing.assert_array_equal(lowered.run(f, dequantize=False)["y"], plain.run(f, dequantize=False)["y"])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 62), st.integers(0, 2**62), st.integers(0, 2**31))
+def test_floor_division_by_a_power_of_two_in_both_forms(k, bound, seed):
+    """lowered_int64._floor_div: the offset form (|x| within its bound, up to 2^62) and the Mod form
+    give numpy's floor division on int64 values, the extremes of the bound included."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from npuforge.sim import lowered_int64
+
+    class Builder:
+        def __init__(self):
+            self.nodes, self.inits, self.names = [], [], set()
+
+        def const(self, name, arr):
+            if name not in self.names:
+                self.names.add(name)
+                self.inits.append(onnx.numpy_helper.from_array(np.asarray(arr), name))
+            return name
+
+        def emit(self, op, inputs, output, **attrs):
+            self.nodes.append(helper.make_node(op, inputs, [output], name=output, **attrs))
+            return output
+
+    edge = min(bound, 2**62 - 1)
+    x = np.concatenate([np.array([-edge, edge, 0, -1, 1], np.int64),
+                        np.random.default_rng(seed).integers(-edge, edge, 64, endpoint=True, dtype=np.int64)])
+    for given_bound in (bound, None):
+        b = Builder()
+        power = b.const("p", np.int64(1 << k))
+        lowered_int64._floor_div(b, "x", power, "y", bound=given_bound)
+        assert any(n.op_type == "Mod" for n in b.nodes) == (given_bound is None)
+        graph = helper.make_graph(b.nodes, "g", [helper.make_tensor_value_info("x", TensorProto.INT64, [None])],
+                                  [helper.make_tensor_value_info("y", TensorProto.INT64, [None])], b.inits)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(got, np.floor_divide(x, np.int64(1 << k)))

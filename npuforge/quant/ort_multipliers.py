@@ -226,7 +226,7 @@ def match_multipliers(graph, names=None, progress=None) -> dict:
     from ..sim.integer import IntegerSimulator
 
     sim = IntegerSimulator(graph, "fixedpoint")
-    nodes = [n for n in graph.nodes if sim._kind(n) == "compute" and n.op in ("Conv", "Gemm")
+    nodes = [n for n in graph.nodes if sim._kind(n) == "compute" and n.op in ("Conv", "Gemm", "MatMul")
              and (names is None or n.name in names) and _eight_bit(graph, n)]
     report = {"channels": 0, "matched": 0, "max_relative_change": 0.0, "max_code_change": 0.0, "unmatched_nodes": []}
     for k, node in enumerate(nodes):

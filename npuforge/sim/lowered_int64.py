@@ -17,6 +17,8 @@ rest of the float lowering), and returns a one-line description.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from onnx import TensorProto
 
@@ -96,11 +98,20 @@ def layernorm(builder, node) -> str:
     g = builder.const(f"{pre}::g", plain._int(node, "scale").astype(np.int64))
     b = builder.const(f"{pre}::b", plain._int(node, "bias").astype(np.int64))
     t = int(plain._int(node, "shift"))
-    u = _floor_div(builder, builder.emit("Mul", [c, r], f"{pre}::cr"), pow2, f"{pre}::u")
+    # bounds for the division's offset form: |c| <= N (qmax - qmin) (centred) or the largest code,
+    # r <= 2^30 (D_h >= 1), so |u| <= |c| 2^30 / 2^down
+    xq = builder.activation(node, x)
+    c_max = n * (int(xq.qmax) - int(xq.qmin)) if layernorm_rule.centred(node) else max_abs_code(xq)
+    # and (the rule's own bound) c^2 <= N D, so |u| <= sqrt(N) 2^(30 - down), D_h's floor aside (2^-21)
+    u_max = min((c_max << 30) >> down, ((math.isqrt(n) + 2) << (30 - down)) * 2)
+    u = _floor_div(builder, builder.emit("Mul", [c, r], f"{pre}::cr"), pow2, f"{pre}::u", bound=c_max << 30)
     crg = builder.emit("Mul", [u, g], f"{pre}::crg")
     biased = builder.emit("Add", [builder.emit("Add", [crg, b], f"{pre}::crgb"),
                                   _int64(builder, f"{pre}::half", 1 << (t - 1))], f"{pre}::rounded")
-    _store(builder, node, _floor_div(builder, biased, _int64(builder, f"{pre}::2t", 1 << t), f"{pre}::q64"))
+    bound = u_max * int(np.abs(plain._int(node, "scale")).max(initial=0)) + \
+        int(np.abs(plain._int(node, "bias")).max(initial=0)) + (1 << (t - 1))
+    _store(builder, node, _floor_div(builder, biased, _int64(builder, f"{pre}::2t", 1 << t), f"{pre}::q64",
+                                     bound=bound))
     return "int64 normalization"
 
 
@@ -121,7 +132,8 @@ def requantize(builder, acc64: str, multiplier, shift, single: bool, shape, pre:
         total = 31 - shift
         t = builder.emit("Mul", [x, k("m", multiplier)], f"{pre}::t")
         return _floor_div(builder, builder.emit("Add", [t, k("half", 1 << (total - 1))], f"{pre}::rounded"),
-                          k("div", 1 << total), f"{pre}::q64")
+                          k("div", 1 << total), f"{pre}::q64",
+                          bound=(1 << 31) * int(np.abs(multiplier).max()) + (1 << int(total.max() - 1)))
     if (shift > 0).any():
         x = builder.emit("Clip", [builder.emit("Mul", [x, k("up", 1 << np.maximum(shift, 0))], f"{pre}::x_up"), lo, hi],
                          f"{pre}::sat_up")
@@ -134,7 +146,9 @@ def requantize(builder, acc64: str, multiplier, shift, single: bool, shape, pre:
                                                    f"{pre}::neg")], f"{pre}::neg64", to=TensorProto.INT64)
         total = builder.emit("Sub", [total, builder.emit("Mul", [below, k("pos31", pos << 31)], f"{pre}::negc")],
                              f"{pre}::tcn")
-    return _floor_div(builder, total, k("div", 1 << (31 + e)), f"{pre}::q64")
+    # |x| <= 2^31 after the clip: |x M| <= 2^31 max M, then the rounding constants
+    bound = (1 << 31) * int(np.abs(multiplier).max()) + (1 << 31) + (1 << (30 + int(e.max())))
+    return _floor_div(builder, total, k("div", 1 << (31 + e)), f"{pre}::q64", bound=bound)
 
 
 def elementwise(builder, node) -> str:
@@ -182,7 +196,7 @@ def elementwise(builder, node) -> str:
                              f"{pre}::neg64", to=TensorProto.INT64)
         rounded = builder.emit("Sub", [builder.emit("Add", [total, _int64(builder, f"{pre}::half", 1 << (bits - 1))],
                                                     f"{pre}::half_up"), below], f"{pre}::rounded")
-        y = _floor_div(builder, rounded, up, f"{pre}::q64")
+        y = _floor_div(builder, rounded, up, f"{pre}::q64", bound=1 << 34)  # two outputs of rescale: 2^32 each
     else:
         y = total
     _store(builder, node, y)
@@ -221,9 +235,19 @@ def interpolate(builder, node) -> str:
     return "int64 bilinear"
 
 
-def _floor_div(builder, x: str, power: str, out: str) -> str:
-    """floor(x / power) for signed int64 x and a positive power of two: ONNX's integer
-    Div truncates, so the remainder (Mod with the divisor's sign) goes first."""
+OFFSET = 1 << 62  # a multiple of every power of two divided by here
+
+
+def _floor_div(builder, x: str, power: str, out: str, bound: int | None = None) -> str:
+    """floor(x / power) for signed int64 x and a positive power of two (at most 2^62): ONNX's
+    integer Div truncates. Where |x| < ``bound`` <= 2^62, x + 2^62 is non-negative and within
+    int64, so ``(x + 2^62) / power - 2^62 / power`` (Div of non-negatives floors); else the
+    remainder (Mod with the divisor's sign) goes first, three times slower in ONNX Runtime
+    (measured on [1, 197, 192]: 104 against 310 us)."""
+    if bound is not None and bound <= OFFSET:
+        offset = _int64(builder, "int64_2_62", OFFSET)
+        shifted = builder.emit("Div", [builder.emit("Add", [x, offset], f"{out}::off"), power], f"{out}::offq")
+        return builder.emit("Sub", [shifted, builder.emit("Div", [offset, power], f"{out}::offd")], out)
     exact = builder.emit("Sub", [x, builder.emit("Mod", [x, power], f"{out}::rem", fmod=0)], f"{out}::exact")
     return builder.emit("Div", [exact, power], out)
 
