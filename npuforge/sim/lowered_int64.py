@@ -51,7 +51,7 @@ def softmax(builder, node) -> str:
     d = builder.emit("Sub", [x, top], f"{pre}::d")  # exact: integers in float32
     index = builder.emit("Add", [d, builder.const(f"{pre}::last", np.float32(len(table) - 1))], f"{pre}::ix_f")
     index = builder.emit("Cast", [index], f"{pre}::ix", to=TensorProto.INT32)
-    e = builder.emit("Gather", [builder.const(f"{pre}::exp", table), index], f"{pre}::e", axis=0)
+    e = builder.lookup(builder.const(f"{pre}::exp", table), index, f"{pre}::e")
     total = builder.emit("ReduceSum", [e, axes], f"{pre}::sum", keepdims=1)
     num = builder.emit("Add", [builder.emit("Mul", [e, _int64(builder, f"{pre}::2r", 2 * r)], f"{pre}::2er"),
                                builder.emit("Mul", [total, _int64(builder, f"{pre}::2m", 1 << m)], f"{pre}::s2m")],

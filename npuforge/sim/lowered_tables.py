@@ -31,7 +31,7 @@ class TableLowerings:
         """out = table[int(index)]: ``index`` a float tensor of exact non-negative integers."""
         idx = self.emit("Cast", [index], f"{node.name}::idx", to=TensorProto.INT32)
         tab = self.const(f"{node.name}::table", table.astype(np.float32))
-        self.emit("Gather", [tab, idx], node.outputs[0], axis=0)
+        self.lookup(tab, idx, node.outputs[0])
         self.report[node.name] = what
 
     def _elementwise(self, node):
@@ -246,8 +246,8 @@ class TableLowerings:
             index = self.emit("Add", [name, self.const(f"{node.name}::off{k}", np.float32(int(q.zero_point) - q.qmin))],
                               f"{node.name}::ix{k}")
             idx = self.emit("Cast", [index], f"{node.name}::idx{k}", to=TensorProto.INT32)
-            operands.append(self.emit("Gather", [self.const(f"{node.name}::table{k}", table.astype(np.float32)), idx],
-                                      f"{node.name}::t{k}", axis=0))
+            operands.append(self.lookup(self.const(f"{node.name}::table{k}", table.astype(np.float32)), idx,
+                                        f"{node.name}::t{k}"))
         if node.op == "Where":
             y = self.emit("Where", operands, f"{node.name}::y")
         else:

@@ -20,7 +20,7 @@ integer operators (QOperator form), on uint8 codes.
   ``QLinearAdd``, with ratios proven equal to the Add's table of all 65,536 results
   (:mod:`npuforge.sim.qlinear_add`). Mul (``onnx``): ``QLinearMul``;
   GlobalAveragePool (``onnx``): ``QLinearGlobalAveragePool``.
-* lookup ops: ``Gather`` from the plain simulator's table.
+* lookup ops: a lookup (``GatherElements``) in the plain simulator's table.
 * ops that move codes: the op itself, on uint8.
 
 A Conv's channels that no float32 scale reproduces run apart: ``MatMulInteger`` on the
@@ -542,7 +542,7 @@ class QOperatorBuilder(LoweringBuilder):
 
     def _lut(self, node):
         """A lookup op: ONNX Runtime's own QLinear form of it where the table that kernel builds equals
-        the plain path's on all 256 codes (:func:`_table_op`), else ``Gather`` from that table."""
+        the plain path's on all 256 codes (:func:`_table_op`), else a lookup in that table."""
         x, y = node.inputs[0], node.outputs[0]
         px, py = self.codes(node, x), self.codes(node, y)
         table = self.plain._table(node).numpy().astype(np.uint8)  # indexed by the uint8 code (qmin 0)
@@ -554,7 +554,7 @@ class QOperatorBuilder(LoweringBuilder):
             self.report[node.name] = f"{op_type} (its table equal to the plain one on every code)"
             return
         idx = self.emit("Cast", [x], f"{node.name}::idx", to=TensorProto.INT32)
-        self.emit("Gather", [self.const(f"{node.name}::table", table), idx], y, axis=0)
+        self.lookup(self.const(f"{node.name}::table", table), idx, y)
 
     def _passthrough(self, node):
         g = self.graph
