@@ -7,7 +7,8 @@ channels no float formula is proven equal to; Add / Sub / Mul of operands too wi
 for a table of every pair of codes (:func:`elementwise`: int16); and the integer
 bilinear Resize (:func:`interpolate`). Every step is exact: int64 products stay below 2^62 by the rules'
 own bounds, ``Div`` of non-negative int64 values is floor division, a floor
-division by 2^t of a signed value is ``(a - Mod(a, 2^t)) / 2^t``, and the integer
+division by 2^t of a signed value is ``(a + 2^62) >> t`` as uint64 less ``2^(62 - t)``
+where the value's bound allows, else ``(a - Mod(a, 2^t)) / 2^t``, and the integer
 square root is a float64 estimate corrected by one step each way.
 
 Each function takes the builder (its ``emit``, ``const``, ``activation``, ``plain``)
@@ -79,7 +80,7 @@ def layernorm(builder, node) -> str:
         d = builder.emit("Add", [w, eps], f"{pre}::d")
     else:  # L2Normalize: c = q - zp, D = max(sum(c^2), E)
         c, d = q, builder.emit("Max", [squares, eps], f"{pre}::d")
-    # h = #{j: d >= 2^(21 + 2j)}; d // 4^h and floor(c r / 2^h) by tables of powers
+    # h = #{j: d >= 2^(21 + 2j)}; d // 4^h by a table of powers, floor(c r / 2^(h + down)) by a shift
     steps = len(layernorm_rule.SHIFT_LIMITS)
     limits = _int64(builder, f"{pre}::limits", layernorm_rule.SHIFT_LIMITS)
     last = _int64(builder, f"{pre}::last_axis", [-1])
@@ -89,9 +90,8 @@ def layernorm(builder, node) -> str:
                      f"{pre}::h", keepdims=0)
     pow4 = builder.emit("Gather", [_int64(builder, f"{pre}::pow4", [4 ** k for k in range(steps + 1)]), h],
                         f"{pre}::4h", axis=0)
-    down = layernorm_rule.down_shift(n)  # floor(c r / 2^(h + down)) by one power per h
-    pow2 = builder.emit("Gather", [_int64(builder, f"{pre}::pow2", [2 ** (k + down) for k in range(steps + 1)]), h],
-                        f"{pre}::2h", axis=0)
+    down = layernorm_rule.down_shift(n)
+    shift = builder.emit("Add", [h, _int64(builder, f"{pre}::down", down)], f"{pre}::h_down")
     dh = builder.emit("Div", [d, pow4], f"{pre}::dh")
     a = builder.emit("Div", [_int64(builder, f"{pre}::np", 1 << layernorm_rule.NUMERATOR_BITS), dh], f"{pre}::a")
     r = _isqrt(builder, a, f"{pre}::r")
@@ -104,13 +104,13 @@ def layernorm(builder, node) -> str:
     c_max = n * (int(xq.qmax) - int(xq.qmin)) if layernorm_rule.centred(node) else max_abs_code(xq)
     # and (the rule's own bound) c^2 <= N D, so |u| <= sqrt(N) 2^(30 - down), D_h's floor aside (2^-21)
     u_max = min((c_max << 30) >> down, ((math.isqrt(n) + 2) << (30 - down)) * 2)
-    u = _floor_div(builder, builder.emit("Mul", [c, r], f"{pre}::cr"), pow2, f"{pre}::u", bound=c_max << 30)
+    u = _floor_div(builder, builder.emit("Mul", [c, r], f"{pre}::cr"), shift, f"{pre}::u", bound=c_max << 30)
     crg = builder.emit("Mul", [u, g], f"{pre}::crg")
     biased = builder.emit("Add", [builder.emit("Add", [crg, b], f"{pre}::crgb"),
                                   _int64(builder, f"{pre}::half", 1 << (t - 1))], f"{pre}::rounded")
     bound = u_max * int(np.abs(plain._int(node, "scale")).max(initial=0)) + \
         int(np.abs(plain._int(node, "bias")).max(initial=0)) + (1 << (t - 1))
-    _store(builder, node, _floor_div(builder, biased, _int64(builder, f"{pre}::2t", 1 << t), f"{pre}::q64",
+    _store(builder, node, _floor_div(builder, biased, t, f"{pre}::q64",
                                      bound=bound))
     return "int64 normalization"
 
@@ -132,7 +132,7 @@ def requantize(builder, acc64: str, multiplier, shift, single: bool, shape, pre:
         total = 31 - shift
         t = builder.emit("Mul", [x, k("m", multiplier)], f"{pre}::t")
         return _floor_div(builder, builder.emit("Add", [t, k("half", 1 << (total - 1))], f"{pre}::rounded"),
-                          k("div", 1 << total), f"{pre}::q64",
+                          total.reshape(shape), f"{pre}::q64",
                           bound=(1 << 31) * int(np.abs(multiplier).max()) + (1 << int(total.max() - 1)))
     if (shift > 0).any():
         x = builder.emit("Clip", [builder.emit("Mul", [x, k("up", 1 << np.maximum(shift, 0))], f"{pre}::x_up"), lo, hi],
@@ -148,7 +148,7 @@ def requantize(builder, acc64: str, multiplier, shift, single: bool, shape, pre:
                              f"{pre}::tcn")
     # |x| <= 2^31 after the clip: |x M| <= 2^31 max M, then the rounding constants
     bound = (1 << 31) * int(np.abs(multiplier).max()) + (1 << 31) + (1 << (30 + int(e.max())))
-    return _floor_div(builder, total, k("div", 1 << (31 + e)), f"{pre}::q64", bound=bound)
+    return _floor_div(builder, total, (31 + e).reshape(shape), f"{pre}::q64", bound=bound)
 
 
 def elementwise(builder, node) -> str:
@@ -196,7 +196,7 @@ def elementwise(builder, node) -> str:
                              f"{pre}::neg64", to=TensorProto.INT64)
         rounded = builder.emit("Sub", [builder.emit("Add", [total, _int64(builder, f"{pre}::half", 1 << (bits - 1))],
                                                     f"{pre}::half_up"), below], f"{pre}::rounded")
-        y = _floor_div(builder, rounded, up, f"{pre}::q64", bound=1 << 34)  # two outputs of rescale: 2^32 each
+        y = _floor_div(builder, rounded, bits, f"{pre}::q64", bound=1 << 34)  # two outputs of rescale: 2^32 each
     else:
         y = total
     _store(builder, node, y)
@@ -238,16 +238,36 @@ def interpolate(builder, node) -> str:
 OFFSET = 1 << 62  # a multiple of every power of two divided by here
 
 
-def _floor_div(builder, x: str, power: str, out: str, bound: int | None = None) -> str:
-    """floor(x / power) for signed int64 x and a positive power of two (at most 2^62): ONNX's
-    integer Div truncates. Where |x| < ``bound`` <= 2^62, x + 2^62 is non-negative and within
-    int64, so ``(x + 2^62) / power - 2^62 / power`` (Div of non-negatives floors); else the
-    remainder (Mod with the divisor's sign) goes first, three times slower in ONNX Runtime
-    (measured on [1, 197, 192]: 104 against 310 us)."""
+def _floor_div(builder, x: str, exponent, out: str, bound: int | None = None) -> str:
+    """floor(x / 2^k) for signed int64 x, ``exponent`` k (at most 62) an int array (constant,
+    broadcast against x) or the name of an int64 tensor. ONNX's integer Div truncates. Where
+    |x| < ``bound`` <= 2^62, x + 2^62 is non-negative and within int64: it is shifted right as
+    uint64 (BitShift) and 2^(62 - k) taken off, 2.6x faster in ONNX Runtime than dividing it
+    (measured on [1, 40, 40, 64]: 113 against 298 us) and 7x faster than the Mod form, which
+    takes the remainder (Mod with the divisor's sign) first and serves any other x."""
+    if isinstance(exponent, str):
+        k = builder.emit("Cast", [exponent], f"{out}::k", to=TensorProto.UINT64)
+    else:
+        exponent = np.asarray(exponent, np.int64)
+        k = builder.const(f"{out}::k", exponent.astype(np.uint64))
     if bound is not None and bound <= OFFSET:
         offset = _int64(builder, "int64_2_62", OFFSET)
-        shifted = builder.emit("Div", [builder.emit("Add", [x, offset], f"{out}::off"), power], f"{out}::offq")
-        return builder.emit("Sub", [shifted, builder.emit("Div", [offset, power], f"{out}::offd")], out)
+        unsigned = builder.emit("Cast", [builder.emit("Add", [x, offset], f"{out}::off")], f"{out}::off_u",
+                                to=TensorProto.UINT64)
+        shifted = builder.emit("Cast", [builder.emit("BitShift", [unsigned, k], f"{out}::off_s", direction="RIGHT")],
+                               f"{out}::off_q", to=TensorProto.INT64)
+        if isinstance(exponent, str):
+            taken = builder.emit("Cast", [builder.emit("BitShift", [builder.const("uint64_2_62", np.uint64(OFFSET)), k],
+                                                       f"{out}::offd_u", direction="RIGHT")],
+                                 f"{out}::offd", to=TensorProto.INT64)
+        else:
+            taken = _int64(builder, f"{out}::offd", OFFSET >> exponent)
+        return builder.emit("Sub", [shifted, taken], out)
+    if isinstance(exponent, str):
+        power = builder.emit("Cast", [builder.emit("BitShift", [builder.const("uint64_one", np.uint64(1)), k],
+                                                   f"{out}::pow_u", direction="LEFT")], f"{out}::pow", to=TensorProto.INT64)
+    else:
+        power = _int64(builder, f"{out}::pow", np.left_shift(np.int64(1), exponent))
     exact = builder.emit("Sub", [x, builder.emit("Mod", [x, power], f"{out}::rem", fmod=0)], f"{out}::exact")
     return builder.emit("Div", [exact, power], out)
 
