@@ -68,11 +68,21 @@ def layernorm(builder, node) -> str:
     dims, n, _ = layernorm_rule._geometry(builder.graph, node)
     axes = _int64(builder, f"{pre}::axes", list(dims))
     q = builder.emit("Cast", [x], f"{pre}::q_in", to=TensorProto.INT64)  # q - zp: the zero point cancels in c
-    squares = builder.emit("ReduceSum", [builder.emit("Mul", [q, q], f"{pre}::q2"), axes], f"{pre}::sumsq",
-                           keepdims=1)
+    # the sums in float where every partial sum is an integer the type holds (N m^2 below 2^24 or
+    # 2^53), whatever the order ONNX Runtime adds in: its float ReduceSum is vectorized, int64's not
+    m = max_abs_code(builder.activation(node, x))
+    exact = TensorProto.FLOAT if n * m * m < 1 << 24 else TensorProto.DOUBLE if n * m * m < 1 << 53 else None
+    xf = (x if exact == TensorProto.FLOAT else builder.emit("Cast", [x], f"{pre}::x64", to=TensorProto.DOUBLE)) \
+        if exact else q
+
+    def reduce(v: str, tag: str) -> str:
+        total = builder.emit("ReduceSum", [v, axes], f"{pre}::{tag}", keepdims=1)
+        return builder.emit("Cast", [total], f"{pre}::{tag}_i", to=TensorProto.INT64) if exact else total
+
+    squares = reduce(builder.emit("Mul", [xf, xf], f"{pre}::q2"), "sumsq")
     eps = _int64(builder, f"{pre}::eps", int(plain._int(node, "epsilon")))
     if layernorm_rule.centred(node):
-        total = builder.emit("ReduceSum", [q, axes], f"{pre}::sum", keepdims=1)
+        total = reduce(xf, "sum")
         n64 = _int64(builder, f"{pre}::n", n)
         c = builder.emit("Sub", [builder.emit("Mul", [q, n64], f"{pre}::nq"), total], f"{pre}::c")
         w = builder.emit("Sub", [builder.emit("Mul", [squares, n64], f"{pre}::nsumsq"),
