@@ -1218,3 +1218,24 @@ def test_floor_division_by_a_power_of_two_in_both_forms(k, bound, seed):
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
         np.testing.assert_array_equal(got, np.floor_divide(x, np.int64(1 << k)))
+
+
+@pytest.mark.parametrize("op", ["Gemm", "MatMul"])
+def test_channels_apart_with_accumulators_past_2_24_run_on_integer_kernels(op):
+    """A Gemm / MatMul whose accumulators pass float32's 2^24 (K = 4096) keeps the channels no
+    float32 scale reproduces on MatMulInteger, their int32 sums requantized in float64, instead
+    of sending the whole product to float64 kernels; the codes equal the plain path's."""
+    class Wide(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4096, 64)
+
+        def forward(self, x):  # a 3-D input exports as MatMul + Add, a 2-D one as Gemm
+            return self.fc(x)
+
+    shape = (1, 4096) if op == "Gemm" else (1, 5, 4096)
+    g, x = quantized_graph(Wide(), shape, config={"ort_multipliers": False})
+    node = next(n for n in g.nodes if n.op == op)
+    assert IntegerSimulator(g)._prep_compute(node)["ftype"] is torch.float64
+    low = both(g, {g.inputs[0]: x}, "fixedpoint")["qoperator"]
+    assert "channels: MatMulInteger, float64" in low.lowering[node.name], low.lowering[node.name]

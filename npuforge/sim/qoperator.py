@@ -252,8 +252,8 @@ class QOperatorBuilder(LoweringBuilder):
             (prep["w"] if node.op == "Gemm" and node.attrs["transB"] else prep["w"].T)[:, :, None, None]
         if rest.size and not (group == 1 or (group == w.shape[0] and w.shape[1] == 1)):
             return self._in_float(node, "a grouped convolution with channels no float32 scale reproduces")
-        if rest.size and prep["ftype"] is not torch.float32:
-            return self._in_float(node, "channels no float32 scale reproduces, with accumulators beyond 2^24")
+        if rest.size and prep["ftype"] is not torch.float32 and prep["bound"] >= 2**31:
+            return self._in_float(node, "channels no float32 scale reproduces, with accumulators beyond int32")
         narrow = per_channel or (lo, hi) != (self.codes(node, y).qmin, self.codes(node, y).qmax)
         stages = ["conv"] + ["clip"] * narrow + ["merge"] * bool(rest.size) + ["reshape"] * channels_last
         out = {stage: (y if stage == stages[-1] else f"{y}::{stage}") for stage in stages}
@@ -327,7 +327,8 @@ class QOperatorBuilder(LoweringBuilder):
         """The channels ``rest`` of a Conv (or a Gemm / MatMul, ``x4`` then already channels-last)
         as ONNX Runtime's exact integer kernels (u8u8, like QLinearConv): ``MatMulInteger`` on the
         channels-last input for a pointwise one, else ``ConvInteger``; their int32 sums held as
-        float32 and the float lowering's proven requantization formula (the bias added in float64);
+        float32 (float64 past 2^24) and the float lowering's proven requantization formula (the bias
+        added in float64);
         -> (their uint8 codes, whether channels-last: [N, H, W, len(rest)], else [N, len(rest), H, W])."""
         prep = self.plain._prep_compute(node)
         y = node.outputs[0]
@@ -345,14 +346,16 @@ class QOperatorBuilder(LoweringBuilder):
                             axis=1) if depthwise else x4
             acc = self.emit("ConvInteger", [xin, self.const(f"{node.name}::rest_w", uint8_weights(w[rest])), *zps],
                             f"{node.name}::rest_acc", **{**attrs, **({"group": int(rest.size)} if depthwise else {})})
-        accf = self.emit("Cast", [acc], f"{node.name}::rest_accf", to=TensorProto.FLOAT)
+        # int32 sums: float32 holds them exactly below 2^24, float64 always
+        wide = prep["ftype"] is not torch.float32
+        accf = self.emit("Cast", [acc], f"{node.name}::rest_accf", to=TensorProto.DOUBLE if wide else TensorProto.FLOAT)
         a, b, lo, hi = (v[rest] for v in channel_ranges(self.plain, node))
         bias = np.zeros(rest.size, np.int64) if prep["bias"] is None else \
             np.broadcast_to(prep["bias"], (len(prep["rows"]),))[rest].astype(np.int64)
         f32 = self._float_builder()
         part = dataclasses.replace(node, name=f"{node.name}::rest", outputs=[f"{y}::rest_f"])
         how = f32._requantize(node, channel_subset(prep, rest), accf, bias, a, b, lo, hi,
-                              [-1] if pointwise else [-1, 1, 1], np.float32, part)
+                              [-1] if pointwise else [-1, 1, 1], np.float64 if wide else np.float32, part)
         self.report[part.name] = ("MatMulInteger, " if pointwise else "ConvInteger, ") + how
         shifted = self.emit("Add", [f"{y}::rest_f", self.const(f"{y}::zp_f", self._zero_point(y))], f"{y}::rest_fq")
         return self.emit("Cast", [shifted], f"{y}::rest_q", to=TensorProto.UINT8), pointwise
