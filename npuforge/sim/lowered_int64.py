@@ -63,17 +63,21 @@ def softmax(builder, node) -> str:
 
 
 def layernorm(builder, node) -> str:
-    builder.activation(node, node.inputs[0])
+    xq = builder.activation(node, node.inputs[0])
     x, pre, plain = node.inputs[0], node.name, builder.plain
     dims, n, _ = layernorm_rule._geometry(builder.graph, node)
     axes = _int64(builder, f"{pre}::axes", list(dims))
     q = builder.emit("Cast", [x], f"{pre}::q_in", to=TensorProto.INT64)  # q - zp: the zero point cancels in c
     # the sums in float where every partial sum is an integer the type holds (N m^2 below 2^24 or
     # 2^53), whatever the order ONNX Runtime adds in: its float ReduceSum is vectorized, int64's not
-    m = max_abs_code(builder.activation(node, x))
-    exact = TensorProto.FLOAT if n * m * m < 1 << 24 else TensorProto.DOUBLE if n * m * m < 1 << 53 else None
-    xf = (x if exact == TensorProto.FLOAT else builder.emit("Cast", [x], f"{pre}::x64", to=TensorProto.DOUBLE)) \
-        if exact else q
+    squares_max = n * max_abs_code(xq) ** 2
+    exact = TensorProto.FLOAT if squares_max < 1 << 24 else TensorProto.DOUBLE if squares_max < 1 << 53 else None
+    if exact == TensorProto.FLOAT:
+        xf = x  # q - zp in float32 already
+    elif exact == TensorProto.DOUBLE:
+        xf = builder.emit("Cast", [x], f"{pre}::x64", to=TensorProto.DOUBLE)
+    else:
+        xf = q
 
     def reduce(v: str, tag: str) -> str:
         total = builder.emit("ReduceSum", [v, axes], f"{pre}::{tag}", keepdims=1)
@@ -110,7 +114,6 @@ def layernorm(builder, node) -> str:
     t = int(plain._int(node, "shift"))
     # bounds for the division's offset form: |c| <= N (qmax - qmin) (centred) or the largest code,
     # r <= 2^30 (D_h >= 1), so |u| <= |c| 2^30 / 2^down
-    xq = builder.activation(node, x)
     c_max = n * (int(xq.qmax) - int(xq.qmin)) if layernorm_rule.centred(node) else max_abs_code(xq)
     # and (the rule's own bound) c^2 <= N D, so |u| <= sqrt(N) 2^(30 - down), D_h's floor aside (2^-21)
     u_max = min((c_max << 30) >> down, ((math.isqrt(n) + 2) << (30 - down)) * 2)
@@ -120,8 +123,7 @@ def layernorm(builder, node) -> str:
                                   _int64(builder, f"{pre}::half", 1 << (t - 1))], f"{pre}::rounded")
     bound = u_max * int(np.abs(plain._int(node, "scale")).max(initial=0)) + \
         int(np.abs(plain._int(node, "bias")).max(initial=0)) + (1 << (t - 1))
-    _store(builder, node, _floor_div(builder, biased, t, f"{pre}::q64",
-                                     bound=bound))
+    _store(builder, node, _floor_div(builder, biased, t, f"{pre}::q64", bound=bound))
     return "int64 normalization"
 
 
@@ -255,25 +257,27 @@ def _floor_div(builder, x: str, exponent, out: str, bound: int | None = None) ->
     uint64 (BitShift) and 2^(62 - k) taken off (in ONNX Runtime 113 us on [1, 40, 40, 64],
     dividing it instead 298 us); any other x takes the remainder (Mod with the divisor's sign)
     first, then divides (310 us on [1, 197, 192], where adding the offset and dividing took 104)."""
-    if isinstance(exponent, str):
+    computed = isinstance(exponent, str)
+    if computed:
         k = builder.emit("Cast", [exponent], f"{out}::k", to=TensorProto.UINT64)
     else:
         exponent = np.asarray(exponent, np.int64)
-        k = builder.const(f"{out}::k", exponent.astype(np.uint64))
     if bound is not None and bound < OFFSET:
+        if not computed:
+            k = builder.const(f"{out}::k", exponent.astype(np.uint64))
         offset = _int64(builder, "int64_2_62", OFFSET)
         unsigned = builder.emit("Cast", [builder.emit("Add", [x, offset], f"{out}::off")], f"{out}::off_u",
                                 to=TensorProto.UINT64)
         shifted = builder.emit("Cast", [builder.emit("BitShift", [unsigned, k], f"{out}::off_s", direction="RIGHT")],
                                f"{out}::off_q", to=TensorProto.INT64)
-        if isinstance(exponent, str):
+        if computed:
             taken = builder.emit("Cast", [builder.emit("BitShift", [builder.const("uint64_2_62", np.uint64(OFFSET)), k],
                                                        f"{out}::offd_u", direction="RIGHT")],
                                  f"{out}::offd", to=TensorProto.INT64)
         else:
             taken = _int64(builder, f"{out}::offd", OFFSET >> exponent)
         return builder.emit("Sub", [shifted, taken], out)
-    if isinstance(exponent, str):
+    if computed:
         power = builder.emit("Cast", [builder.emit("BitShift", [builder.const("uint64_one", np.uint64(1)), k],
                                                    f"{out}::pow_u", direction="LEFT")], f"{out}::pow", to=TensorProto.INT64)
     else:
