@@ -12,7 +12,8 @@ batch, same thread count, one process, after one warm-up batch each. The engines
 are timed in interleaved rounds (--rounds, each --batches batches) and each keeps
 its best round, so a drift of the machine's speed over the run (up to 1.5x between
 two timings of one session on these machines) does not favour whichever engine
-ran in the fast stretch; prints the table and the ratios to ONNX Runtime's QDQ
+ran in the fast stretch. Each timing starts after a pause and one untimed batch, so no
+engine pays for the threads of the one before it, still spinning; prints the table and the ratios to ONNX Runtime's QDQ
 session.
 
 --agreement DIR [--rounding fixedpoint,single,onnx]: top-1 of the integer
@@ -38,7 +39,15 @@ from npuforge.sim.integer import IntegerSimulator  # noqa: E402
 from npuforge.sim.lowered import LoweredSimulator, make_simulator  # noqa: E402
 
 
+PAUSE_S = 0.2
+
+
 def throughput(fn, x, batches: int) -> float:
+    # The engine timed before this one leaves its thread pool spinning for a while (ONNX Runtime's
+    # and torch's threads busy-wait after a run): on 2 cores that slowed the next engine's first
+    # batches by up to 1.5x. One untimed batch after a pause starts every engine alike.
+    time.sleep(PAUSE_S)
+    fn(x)
     start = time.perf_counter()
     for _ in range(batches):
         fn(x)

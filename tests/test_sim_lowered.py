@@ -959,23 +959,36 @@ def test_a_right_shift_is_folded_where_that_lets_qlinearconv_reproduce_the_chann
 
 @pytest.mark.parametrize("case", [0, 1, 2, 3])
 @pytest.mark.parametrize("mode", ["fixedpoint", "onnx"])
-def test_channels_without_a_float32_scale_run_apart(case, mode, monkeypatch):
+@pytest.mark.parametrize("few", [False, True])
+def test_channels_without_a_float32_scale_run_apart(case, mode, few, monkeypatch):
     """Channels with no proven float32 scale run as ConvInteger (a 1x1 convolution: MatMulInteger
     on the channels-last input) and a proven float formula, merged back in channel order
-    (plain, strided, depthwise and 1x1 convolutions)."""
+    (plain, strided, depthwise and 1x1 convolutions): every third channel by a Concat and a
+    Gather, one channel of 16 by a ScatterElements on the channels-last axis."""
     from npuforge.sim.qoperator import QOperatorBuilder
 
     scales = QOperatorBuilder._scales
 
     def some_unproven(self, node):
         s, bias, proven = scales(self, node)
-        return s, bias, proven & (np.arange(len(proven)) % 3 != 1)
+        channel = np.arange(len(proven))
+        return s, bias, proven & ((channel != 1) if few else (channel % 3 != 1))
 
     monkeypatch.setattr(QOperatorBuilder, "_scales", some_unproven)
     rng = np.random.default_rng(400 + case)
-    g, x, *_ = conv_case(rng, **CONV_CASES[case])
-    report = both(g, {"x": x}, mode)["qoperator"].lowering["n"]
+    args = dict(CONV_CASES[case])
+    if few:
+        args.update(cout=16, **({"group": 16, "cin": 16} if "group" in args else {}))
+    g, x, *_ = conv_case(rng, **args)
+    if few:  # multipliers QLinearConv reproduces: channel 1 the only one apart
+        from npuforge.quant.ort_multipliers import match_multipliers
+
+        assert match_multipliers(g)["matched"] == 16
+    low = both(g, {"x": x}, mode)["qoperator"]
+    report = low.lowering["n"]
     assert report.startswith("QLinearConv; ") and ("MatMulInteger" if case == 3 else "ConvInteger") in report
+    assert report.startswith("QLinearConv; 1 of 16") == few
+    assert any(n.op_type == "ScatterElements" for n in low.model.graph.node) == few
 
 
 class Tokens(torch.nn.Module):
@@ -992,7 +1005,7 @@ class Tokens(torch.nn.Module):
         return torch.relu(self.fc((x @ self.w + self.b).flatten(1)[:, :70]))
 
 
-@pytest.mark.parametrize("apart", [False, True])
+@pytest.mark.parametrize("apart", [None, "concat", "scatter"])
 @pytest.mark.parametrize("signed", [False, True])
 def test_matmul_by_a_constant_and_gemm_run_channels_last_as_one_product(apart, signed, monkeypatch):
     """A MatMul by a [K, N] constant (any rank of input) and a Gemm run as ONNX Runtime's
@@ -1012,6 +1025,8 @@ def test_matmul_by_a_constant_and_gemm_run_channels_last_as_one_product(apart, s
 
     if apart:
         monkeypatch.setattr(QOperatorBuilder, "_scales", some_unproven)
+    if apart == "scatter":  # (a third of the channels: merged by a ScatterElements all the same)
+        monkeypatch.setattr(qoperator, "SCATTER_FRACTION", 2)
     exact = qoperator.signed_weights_exact()
     monkeypatch.setattr(qoperator, "signed_weights_exact", lambda: signed)
     torch.manual_seed(0)
@@ -1030,6 +1045,7 @@ def test_matmul_by_a_constant_and_gemm_run_channels_last_as_one_product(apart, s
         assert low.lowering[bias].startswith("QLinearAdd of the constant's codes")
     convs = [n for n in low.model.graph.node if n.op_type == "QLinearConv"]
     assert len(convs) == 2 and all(n.domain == "com.microsoft" for n in convs)
+    assert any(n.op_type == "ScatterElements" for n in low.model.graph.node) == (apart == "scatter")
     weights = {i.name: i.data_type for i in low.model.graph.initializer}
     assert {weights[n.input[3]] for n in convs} == {onnx.TensorProto.INT8 if signed else onnx.TensorProto.UINT8}
 
