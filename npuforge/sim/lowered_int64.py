@@ -5,7 +5,7 @@ written in ONNX Runtime's int64 arithmetic, step for step as the plain simulator
 computes them; the fixed-point requantization itself (:func:`requantize`), for the
 channels no float formula is proven equal to; Add / Sub / Mul of operands too wide
 for a table of every pair of codes (:func:`elementwise`: int16); and the integer
-bilinear Resize (:func:`interpolate`). Every step is exact: int64 products stay below 2^62 by the rules'
+bilinear Resize (:func:`interpolate`, two exact float64 matrix products). Every step is exact: int64 products stay below 2^62 by the rules'
 own bounds, ``Div`` of non-negative int64 values is floor division, a floor
 division by 2^t of a signed value is ``(a + 2^62) >> t`` as uint64 less ``2^(62 - t)``
 where the value's bound allows, else ``(a - Mod(a, 2^t)) / 2^t``, and the integer
@@ -216,35 +216,41 @@ def elementwise(builder, node) -> str:
 
 
 def interpolate(builder, node) -> str:
-    """npuforge/quant/resize_rule.py's bilinear Resize: rows, then columns, each a Gather of the
-    two neighbours times their 10-bit weights (the four-term sum, regrouped, is the same
-    integer), then the product's 2^20 rounded half away from zero by truncating Div."""
+    """npuforge/quant/resize_rule.py's bilinear Resize as two float64 matrix products, the rows
+    and then the columns, each by a constant [out, in] matrix holding every output's two 10-bit
+    weights (the rule's four-term sum, regrouped, is the same integer). Every product and partial
+    sum is an integer times 2^-20 below 2^39, exact in float64 whatever the order of the sums, so
+    the columns' matrix carries the final 2^-20 too; ``z + sign(z) / 2`` is exact and its Cast to
+    int32 truncates: the rule's rounding half away from zero. (Gathers of the neighbours on the
+    last axis, in int64, took 2.9 of 6.1 ms on [1, 21, 160, 160].)"""
     from ..quant.resize_rule import axis_weights
 
     plain, pre, x = builder.plain, node.name, node.inputs[0]
     xq = builder.activation(node, x)
     yq = builder.activation(node, node.outputs[0])
     shift = 128 if yq.dtype == "uint8" else 0  # the rule reads uint8 codes as int8
-    zp = int(yq.zero_point)
-    v = builder.emit("Cast", [x], f"{pre}::c64", to=TensorProto.INT64)
-    v = builder.emit("Add", [v, _int64(builder, f"{pre}::zp_shift", int(xq.zero_point) - shift)], f"{pre}::v")
+    v = builder.emit("Add", [x, builder.const(f"{pre}::zp_shift", np.float32(int(xq.zero_point) - shift))],
+                     f"{pre}::v32")  # x is q - zp_x in float32: exact
+    v = builder.emit("Cast", [v], f"{pre}::v", to=TensorProto.DOUBLE)
     shape_in, shape_out = builder.graph.values[x].shape, builder.graph.values[node.outputs[0]].shape
     align, half = bool(plain._int(node, "align_corners")), bool(plain._int(node, "half_pixel_centers"))
+    matrices = []
     for axis in (2, 3):
         lo, hi, w0, w1 = axis_weights(shape_in[axis], shape_out[axis], align, half)
-        dims = [1, 1, -1, 1] if axis == 2 else [1, 1, 1, -1]
-        terms = [builder.emit("Mul", [builder.emit("Gather", [v, _int64(builder, f"{pre}::{tag}{axis}", idx)],
-                                                   f"{pre}::g{tag}{axis}", axis=axis),
-                                      _int64(builder, f"{pre}::w{tag}{axis}", w.reshape(dims))], f"{pre}::t{tag}{axis}")
-                 for tag, idx, w in (("lo", lo, w0), ("hi", hi, w1))]
-        v = builder.emit("Add", terms, f"{pre}::axis{axis}")
-    positive = builder.emit("Greater", [v, _int64(builder, "int64_zero", 0)], f"{pre}::pos")
-    half_unit = builder.emit("Where", [positive, _int64(builder, "int64_2_19", 1 << 19),
-                                       _int64(builder, "int64_minus_2_19", -(1 << 19))], f"{pre}::half")
-    y = builder.emit("Div", [builder.emit("Add", [v, half_unit], f"{pre}::rounded"),
-                             _int64(builder, "int64_2_20", 1 << 20)], f"{pre}::y")  # truncates, as C's division
-    _store(builder, node, builder.emit("Add", [y, _int64(builder, f"{pre}::to_c", shift - zp)], f"{pre}::q64"))
-    return "int64 bilinear"
+        m = np.zeros((shape_out[axis], shape_in[axis]))
+        rows = np.arange(shape_out[axis])
+        np.add.at(m, (rows, lo), w0)
+        np.add.at(m, (rows, hi), w1)
+        matrices.append(m)
+    rows = builder.emit("MatMul", [builder.const(f"{pre}::rows", matrices[0]), v], f"{pre}::by_rows")
+    z = builder.emit("MatMul", [rows, builder.const(f"{pre}::cols", matrices[1].T * 2.0**-20)], f"{pre}::z")
+    half_away = builder.emit("Mul", [builder.emit("Sign", [z], f"{pre}::sign"), builder.const("float64_half", 0.5)],
+                             f"{pre}::half")
+    y = builder.emit("Cast", [builder.emit("Add", [z, half_away], f"{pre}::rounded")], f"{pre}::y",
+                     to=TensorProto.INT32)  # truncates toward zero
+    _store(builder, node, builder.emit("Add", [y, builder.const(f"{pre}::to_c", np.int32(shift - int(yq.zero_point)))],
+                                       f"{pre}::q64"))
+    return "float64 bilinear (two exact matrix products)"
 
 
 OFFSET = 1 << 62  # a multiple of every power of two divided by here
