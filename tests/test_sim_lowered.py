@@ -430,7 +430,14 @@ class Normalized(torch.nn.Module):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_layer_and_instance_norm_lowered_in_int64(mode):
+@pytest.mark.parametrize("float64_u", [True, False])
+def test_layer_and_instance_norm_lowered_in_int64(mode, float64_u, monkeypatch):
+    """c r / 2^(h + down) floored in float64 where |c r| stays below 2^53 (every model here), else
+    (a bound made huge: slices of 185,000 int16 codes would need it) in int64."""
+    if not float64_u:
+        from npuforge.sim import lowered_int64
+
+        monkeypatch.setattr(lowered_int64, "R_ABOVE_SHIFT", 1 << 40)
     # 8-bit inputs, whatever the narrowest of the 7-element rows (int16 ones have no lowering)
     g, x = quantized_graph(Normalized(), (2, 3, 5, 7), config={"norm_spread_codes": 0})
     lows = both(g, {g.inputs[0]: x}, mode)
@@ -447,6 +454,19 @@ def test_layer_and_instance_norm_lowered_in_int64(mode):
     n, total = q.shape[2] * q.shape[3], q.sum(dim=(2, 3), keepdim=True)
     assert (shift_of(n * (q * q).sum(dim=(2, 3), keepdim=True) - total * total) > 0).all()
     both(g, {g.inputs[0]: x}, mode)
+    # an L2Normalize over the channels alone: its sums [N, 1, H, W] meet the shift limits on a new axis
+    g, x = quantized_graph(ChannelNormalized(), (2, 3, 5, 7))
+    assert "L2Normalize" in g.op_histogram()
+    assert "int64 normalization" in both(g, {g.inputs[0]: x}, mode)["float"].lowering.values()
+
+
+class ChannelNormalized(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 6, 3, padding=1)
+
+    def forward(self, x):
+        return torch.nn.functional.normalize(self.conv(x), dim=1)
 
 
 class Attention(torch.nn.Module):

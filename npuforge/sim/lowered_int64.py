@@ -62,12 +62,14 @@ def softmax(builder, node) -> str:
     return "int64 softmax"
 
 
+R_ABOVE_SHIFT = math.isqrt((1 << layernorm_rule.NUMERATOR_BITS) >> 21)  # r's largest value once h >= 1 (D_h >= 2^21)
+
+
 def layernorm(builder, node) -> str:
     xq = builder.activation(node, node.inputs[0])
     x, pre, plain = node.inputs[0], node.name, builder.plain
     dims, n, _ = layernorm_rule._geometry(builder.graph, node)
     axes = _int64(builder, f"{pre}::axes", list(dims))
-    q = builder.emit("Cast", [x], f"{pre}::q_in", to=TensorProto.INT64)  # q - zp: the zero point cancels in c
     # the sums in float where every partial sum is an integer the type holds (N m^2 below 2^24 or
     # 2^53), whatever the order ONNX Runtime adds in: its float ReduceSum is vectorized, int64's not
     squares_max = n * max_abs_code(xq) ** 2
@@ -77,54 +79,78 @@ def layernorm(builder, node) -> str:
     elif exact == TensorProto.DOUBLE:
         xf = builder.emit("Cast", [x], f"{pre}::x64", to=TensorProto.DOUBLE)
     else:
-        xf = q
+        xf = builder.emit("Cast", [x], f"{pre}::q_in", to=TensorProto.INT64)  # q - zp: the zero point cancels in c
+    sums = {}
 
     def reduce(v: str, tag: str) -> str:
-        total = builder.emit("ReduceSum", [v, axes], f"{pre}::{tag}", keepdims=1)
-        return builder.emit("Cast", [total], f"{pre}::{tag}_i", to=TensorProto.INT64) if exact else total
+        sums[tag] = builder.emit("ReduceSum", [v, axes], f"{pre}::{tag}", keepdims=1)
+        return builder.emit("Cast", [sums[tag]], f"{pre}::{tag}_i", to=TensorProto.INT64) if exact else sums[tag]
 
     squares = reduce(builder.emit("Mul", [xf, xf], f"{pre}::q2"), "sumsq")
     eps = _int64(builder, f"{pre}::eps", int(plain._int(node, "epsilon")))
-    if layernorm_rule.centred(node):
+    centred = layernorm_rule.centred(node)
+    if centred:
         total = reduce(xf, "sum")
         n64 = _int64(builder, f"{pre}::n", n)
-        c = builder.emit("Sub", [builder.emit("Mul", [q, n64], f"{pre}::nq"), total], f"{pre}::c")
         w = builder.emit("Sub", [builder.emit("Mul", [squares, n64], f"{pre}::nsumsq"),
                                  builder.emit("Mul", [total, total], f"{pre}::s2")], f"{pre}::w")
         d = builder.emit("Add", [w, eps], f"{pre}::d")
+        # c = N q - S: |c| <= N (qmax - qmin); in the sums' float type that is exact (c's bound below its 2^24 or 2^53)
+        c = builder.emit("Sub", [builder.emit("Mul", [xf, _float(builder, f"{pre}::n", n, exact)], f"{pre}::nq"),
+                                 sums["sum"] if exact else total], f"{pre}::c")
+        c_max = n * (int(xq.qmax) - int(xq.qmin))
     else:  # L2Normalize: c = q - zp, D = max(sum(c^2), E)
-        c, d = q, builder.emit("Max", [squares, eps], f"{pre}::d")
-    # h = #{j: d >= 2^(21 + 2j)}; d // 4^h by a table of powers, floor(c r / 2^(h + down)) by a shift
+        c, d = xf, builder.emit("Max", [squares, eps], f"{pre}::d")
+        c_max = max_abs_code(xq)
+    # h = #{j: d >= 2^(21 + 2j)}: d against the limits on its last axis where that is a normalized one (size 1),
+    # else on a new one; d // 4^h by a table of powers
     steps = len(layernorm_rule.SHIFT_LIMITS)
     limits = _int64(builder, f"{pre}::limits", layernorm_rule.SHIFT_LIMITS)
     last = _int64(builder, f"{pre}::last_axis", [-1])
-    above = builder.emit("GreaterOrEqual", [builder.emit("Unsqueeze", [d, last], f"{pre}::d1"), limits],
-                         f"{pre}::above")
+    last_normalized = len(builder.graph.values[x].shape) - 1 in dims
+    d1 = d if last_normalized else builder.emit("Unsqueeze", [d, last], f"{pre}::d1")
+    above = builder.emit("GreaterOrEqual", [d1, limits], f"{pre}::above")
     h = builder.emit("ReduceSum", [builder.emit("Cast", [above], f"{pre}::above64", to=TensorProto.INT64), last],
-                     f"{pre}::h", keepdims=0)
+                     f"{pre}::h", keepdims=int(last_normalized))
     pow4 = builder.emit("Gather", [_int64(builder, f"{pre}::pow4", [4 ** k for k in range(steps + 1)]), h],
                         f"{pre}::4h", axis=0)
     down = layernorm_rule.down_shift(n)
-    shift = builder.emit("Add", [h, _int64(builder, f"{pre}::down", down)], f"{pre}::h_down")
     dh = builder.emit("Div", [d, pow4], f"{pre}::dh")
     a = builder.emit("Div", [_int64(builder, f"{pre}::np", 1 << layernorm_rule.NUMERATOR_BITS), dh], f"{pre}::a")
     r = _isqrt(builder, a, f"{pre}::r")
+    # u = floor(c r / 2^(h + down)). |c r| <= sqrt(N) 2^30 where h = 0 (c^2 <= N W <= N D, r <= 2^30 / sqrt(D)),
+    # else c_max * isqrt(2^60 / 2^21): below 2^53, c times r / 2^(h + down) (a power of two apart from r) is
+    # exact in float64 and so is its Floor
+    cr_max = max((math.isqrt(n) + 1) << 30, c_max * R_ABOVE_SHIFT)
+    if exact is not None and cr_max < 1 << 53:
+        c64 = c if exact == TensorProto.DOUBLE else builder.emit("Cast", [c], f"{pre}::c64", to=TensorProto.DOUBLE)
+        scale = builder.emit("Gather", [builder.const(f"{pre}::pow2", np.float64(2.0) ** -(np.arange(steps + 1) + down)),
+                                        h], f"{pre}::2_hd", axis=0)
+        rs = builder.emit("Mul", [builder.emit("Cast", [r], f"{pre}::r64", to=TensorProto.DOUBLE), scale], f"{pre}::rs")
+        u = builder.emit("Cast", [builder.emit("Floor", [builder.emit("Mul", [c64, rs], f"{pre}::crs")], f"{pre}::uf")],
+                         f"{pre}::u", to=TensorProto.INT64)
+    else:
+        c = c if exact is None else builder.emit("Cast", [c], f"{pre}::c_i", to=TensorProto.INT64)
+        shift = builder.emit("Add", [h, _int64(builder, f"{pre}::down", down)], f"{pre}::h_down")
+        u = _floor_div(builder, builder.emit("Mul", [c, r], f"{pre}::cr"), shift, f"{pre}::u", bound=c_max << 30)
     g = builder.const(f"{pre}::g", plain._int(node, "scale").astype(np.int64))
-    b = builder.const(f"{pre}::b", plain._int(node, "bias").astype(np.int64))
     t = int(plain._int(node, "shift"))
-    # bounds for the division's offset form: |c| <= N (qmax - qmin) (centred) or the largest code,
-    # r <= 2^30 (D_h >= 1), so |u| <= |c| 2^30 / 2^down
-    c_max = n * (int(xq.qmax) - int(xq.qmin)) if layernorm_rule.centred(node) else max_abs_code(xq)
-    # and (the rule's own bound) c^2 <= N D, so |u| <= sqrt(N) 2^(30 - down), D_h's floor aside (2^-21)
+    # bounds for the division's offset form: |u| <= |c| r / 2^down, r <= 2^30 (D_h >= 1), and (the rule's own
+    # bound) c^2 <= N D, so |u| <= sqrt(N) 2^(30 - down), D_h's floor aside (2^-21)
     u_max = min((c_max << 30) >> down, ((math.isqrt(n) + 2) << (30 - down)) * 2)
-    u = _floor_div(builder, builder.emit("Mul", [c, r], f"{pre}::cr"), shift, f"{pre}::u", bound=c_max << 30)
-    crg = builder.emit("Mul", [u, g], f"{pre}::crg")
-    biased = builder.emit("Add", [builder.emit("Add", [crg, b], f"{pre}::crgb"),
-                                  _int64(builder, f"{pre}::half", 1 << (t - 1))], f"{pre}::rounded")
     bound = u_max * int(np.abs(plain._int(node, "scale")).max(initial=0)) + \
         int(np.abs(plain._int(node, "bias")).max(initial=0)) + (1 << (t - 1))
-    _store(builder, node, _floor_div(builder, biased, t, f"{pre}::q64", bound=bound))
+    offset = OFFSET if bound < OFFSET else 0  # the division's offset, added with the bias and the rounding's half
+    b = builder.const(f"{pre}::b", plain._int(node, "bias").astype(np.int64) + ((1 << (t - 1)) + offset))
+    biased = builder.emit("Add", [builder.emit("Mul", [u, g], f"{pre}::crg"), b], f"{pre}::rounded")
+    _store(builder, node, _floor_div(builder, biased, t, f"{pre}::q64", bound=bound, offset_added=bool(offset)))
     return "int64 normalization"
+
+
+def _float(builder, name: str, value, dtype) -> str:
+    """A scalar constant in ``dtype`` (FLOAT, DOUBLE or None: int64)."""
+    kind = {TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64, None: np.int64}[dtype]
+    return builder.const(f"{name}_{np.dtype(kind).name}", kind(value))
 
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -256,24 +282,25 @@ def interpolate(builder, node) -> str:
 OFFSET = 1 << 62  # a multiple of every power of two divided by here
 
 
-def _floor_div(builder, x: str, exponent, out: str, bound: int | None = None) -> str:
+def _floor_div(builder, x: str, exponent, out: str, bound: int | None = None, offset_added: bool = False) -> str:
     """floor(x / 2^k) for signed int64 x, ``exponent`` k (at most 62) an int array (constant,
     broadcast against x) or the name of an int64 tensor. ONNX's integer Div truncates. Where
     |x| <= ``bound`` < 2^62, x + 2^62 is positive and within int64: it is shifted right as
     uint64 (BitShift) and 2^(62 - k) taken off (in ONNX Runtime 113 us on [1, 40, 40, 64],
     dividing it instead 298 us); any other x takes the remainder (Mod with the divisor's sign)
-    first, then divides (310 us on [1, 197, 192], where adding the offset and dividing took 104)."""
+    first, then divides (310 us on [1, 197, 192], where adding the offset and dividing took 104).
+    ``offset_added``: ``x`` is already ``x + 2^62`` (the caller folded it into a constant it adds)."""
     computed = isinstance(exponent, str)
     if computed:
         k = builder.emit("Cast", [exponent], f"{out}::k", to=TensorProto.UINT64)
     else:
         exponent = np.asarray(exponent, np.int64)
+    assert bound is not None and bound < OFFSET or not offset_added
     if bound is not None and bound < OFFSET:
         if not computed:
             k = builder.const(f"{out}::k", exponent.astype(np.uint64))
-        offset = _int64(builder, "int64_2_62", OFFSET)
-        unsigned = builder.emit("Cast", [builder.emit("Add", [x, offset], f"{out}::off")], f"{out}::off_u",
-                                to=TensorProto.UINT64)
+        shifted_up = x if offset_added else builder.emit("Add", [x, _int64(builder, "int64_2_62", OFFSET)], f"{out}::off")
+        unsigned = builder.emit("Cast", [shifted_up], f"{out}::off_u", to=TensorProto.UINT64)
         shifted = builder.emit("Cast", [builder.emit("BitShift", [unsigned, k], f"{out}::off_s", direction="RIGHT")],
                                f"{out}::off_q", to=TensorProto.INT64)
         if computed:
