@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 from onnx import TensorProto
 
 from ..quant import layernorm_rule
@@ -207,6 +208,8 @@ def elementwise(builder, node) -> str:
         else:
             xs.append(builder.emit("Cast", [name], f"{pre}::x{k}", to=TensorProto.INT64))
     builder.activation(node, node.outputs[0])
+    if node.op != "Mul" and "multiplierout" not in node.quant:
+        return _add_by_tables(builder, node)
     single = plain.rounding == "single"
     one = [1]
 
@@ -239,6 +242,44 @@ def elementwise(builder, node) -> str:
         y = total
     _store(builder, node, y)
     return f"int64 fixed-point {node.op}"
+
+
+def _add_by_tables(builder, node) -> str:
+    """npuforge's two-multiplier Add / Sub with an operand too wide for a table of every pair of
+    codes: each operand's rescaling ``t_k = R((q_k - zp_k) 2^bits)`` depends on that operand alone,
+    so it is a table over the operand's codes (a constant operand: its own values), computed by
+    the plain simulator's requantization. The tables hold ``t_k / 2^bits`` (|t_k| < 2^33: exact in
+    float64), rolled so that ``GatherElements`` reads them at ``q - zp`` itself (negative indices
+    count from the end); their sum z is exact, and RoundingDivideByPOT's rounding half away from
+    zero is the truncating Cast of ``z + sign(z) / 2``. 17 ONNX nodes where the int64 form took 31."""
+    plain, pre = builder.plain, node.name
+    qs = [plain._q(name) for name in node.inputs[:2]]
+    shifts = [int(plain._int(node, f"shift{k}")[0]) for k in range(2)]
+    bits = min(extra_bits(max_abs_code(qs[k]), shifts[k]) for k in range(2))
+    terms = []
+    for k, name in enumerate(node.inputs[:2]):
+        factor = 2.0**-bits * (-1.0 if k == 1 and node.op == "Sub" else 1.0)
+
+        def rescaled(x: torch.Tensor, k=k, factor=factor) -> np.ndarray:
+            t = plain._R(x << bits, int(plain._int(node, f"multiplier{k}")[0]), shifts[k])
+            return t.numpy().astype(np.float64) * factor
+
+        if f"input{k}" in node.quant:  # a constant operand: its terms, broadcast by the Add
+            codes = torch.from_numpy(plain._int(node, f"input{k}").astype(np.int64) - int(qs[k].zero_point))
+            terms.append(builder.const(f"{pre}::t{k}", rescaled(codes)))
+            continue
+        low = qs[k].qmin - int(qs[k].zero_point)
+        table = np.roll(rescaled(torch.arange(low, qs[k].qmax - int(qs[k].zero_point) + 1)), low)
+        index = builder.emit("Cast", [name], f"{pre}::ix{k}", to=TensorProto.INT32)
+        terms.append(builder.lookup(builder.const(f"{pre}::table{k}", table), index, f"{pre}::t{k}"))
+    z = builder.emit("Add", terms, f"{pre}::z")
+    if bits:
+        half = builder.emit("Mul", [builder.emit("Sign", [z], f"{pre}::sign"), builder.const("float64_half", 0.5)],
+                            f"{pre}::half")
+        z = builder.emit("Cast", [builder.emit("Add", [z, half], f"{pre}::rounded")], f"{pre}::q32",
+                         to=TensorProto.INT32)  # truncates toward zero
+    _store(builder, node, z)
+    return f"{node.op} by a table per operand (float64)"
 
 
 def interpolate(builder, node) -> str:
