@@ -540,12 +540,19 @@ def test_add_of_a_large_constant_is_lowered_by_its_distinct_codes(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_softmax_lowered_in_int64(mode):
-    for axis in (-1, 1):
-        g, x = quantized_graph(torch.nn.Sequential(torch.nn.Linear(8, 12), torch.nn.Unflatten(1, (3, 4)),
+@pytest.mark.parametrize("form", ["float64", "int64"])
+def test_softmax_lowered_exactly(mode, form, monkeypatch):
+    """In float64 where the rule's numerator stays below 2^53, else (the bound made 0 here) in int64."""
+    from npuforge.sim import lowered_int64
+
+    if form == "int64":
+        monkeypatch.setattr(lowered_int64, "FLOAT64_INTEGERS", 0)
+    for axis, rows in ((-1, 12), (1, 12), (-1, 1200)):
+        g, x = quantized_graph(torch.nn.Sequential(torch.nn.Linear(8, rows), torch.nn.Unflatten(1, (3, rows // 3)),
                                                    torch.nn.Softmax(axis)), (2, 8))
+        x = np.concatenate([x, np.random.default_rng(rows).standard_normal((64, 8)).astype(x.dtype) * 3])
         lows = both(g, {g.inputs[0]: x}, mode)
-        assert "int64 softmax" in lows["float"].lowering.values()
+        assert f"{form} softmax" in lows["float"].lowering.values()
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -41,7 +41,17 @@ def _store(builder, node, q64: str) -> None:
     builder._clamp(node, q, np.array([yq.qmin - zp]), np.array([yq.qmax - zp]), [-1])
 
 
+FLOAT64_INTEGERS = 1 << 53  # every integer below this is a float64
+
+
 def softmax(builder, node) -> str:
+    """The integer Softmax: ``d = q - max(q)``, ``e = EXP[d + L - 1]``, ``S = sum(e)``, ``y = floor((2 e R +
+    S 2^m) / (2 S 2^m))``. Where the numerator stays below 2^53 (an axis of static length n with
+    2 max(e) R + n max(e) 2^m below it), in float64: e from a double table rolled so that
+    ``GatherElements`` reads it at d itself (negative indices count from the end), S a vectorized
+    ReduceSum, and ``floor((e R / 2^m + S / 2) / S)``: an exact numerator over an exact
+    denominator, whose correctly rounded quotient has the same floor (it is at least 1/(2 S 2^m)
+    from the next integer, more than its rounding error). Otherwise in int64, step for step."""
     if "tflite_softmax" in node.quant:
         builder.refuse(node, "TFLite's fixed-point SOFTMAX is not lowered")
     builder.activation(node, node.inputs[0])
@@ -51,6 +61,19 @@ def softmax(builder, node) -> str:
     r, m = int(plain._int(node, "multiplier")), int(plain._int(node, "shift"))
     top = builder.emit("ReduceMax", [x, axes], f"{pre}::max", keepdims=1)
     d = builder.emit("Sub", [x, top], f"{pre}::d")  # exact: integers in float32
+    n = builder.graph.values[x].shape[node.attrs["axis"]]
+    e_max = int(table.max(initial=0))
+    if isinstance(n, int) and 2 * e_max * r + n * e_max * (1 << m) < FLOAT64_INTEGERS:
+        index = builder.emit("Cast", [d], f"{pre}::ix", to=TensorProto.INT32)
+        e = builder.lookup(builder.const(f"{pre}::exp64", np.roll(table.astype(np.float64), 1)), index, f"{pre}::e")
+        total = builder.emit("ReduceSum", [e, axes], f"{pre}::sum", keepdims=1)
+        num = builder.emit("Add", [builder.emit("Mul", [e, builder.const(f"{pre}::r_2m", np.float64(r * 2.0**-m))],
+                                                f"{pre}::er"),
+                                   builder.emit("Mul", [total, builder.const("float64_half", 0.5)], f"{pre}::s_half")],
+                           f"{pre}::num")
+        q = builder.emit("Floor", [builder.emit("Div", [num, total], f"{pre}::ratio")], f"{pre}::q64")
+        _store(builder, node, q)
+        return "float64 softmax"
     index = builder.emit("Add", [d, builder.const(f"{pre}::last", np.float32(len(table) - 1))], f"{pre}::ix_f")
     index = builder.emit("Cast", [index], f"{pre}::ix", to=TensorProto.INT32)
     e = builder.lookup(builder.const(f"{pre}::exp", table), index, f"{pre}::e")
