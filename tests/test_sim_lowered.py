@@ -271,6 +271,33 @@ def test_elementwise_with_a_constant_or_itself_lowered_as_tables(mode):
     assert any("over one operand" in how for how in lows["float"].lowering.values())
 
 
+class PaddedPools(torch.nn.Module):
+    """Pads (constant 0.0, constant 0.3, reflect) and MaxPools (ceil mode, a dilated one) between
+    convolutions: ONNX Runtime's uint8 ops on the codes in the QOperator form."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        y = self.a(x)  # outputs of both signs: the zero point inside the codes
+        y = torch.nn.functional.max_pool2d(torch.nn.functional.pad(y, (1, 0, 0, 1), value=0.3), 2, stride=1,
+                                           ceil_mode=True)
+        y = torch.nn.functional.max_pool2d(torch.nn.functional.pad(y, (1, 1, 2, 0)), 3, stride=2, dilation=2,
+                                           ceil_mode=True)
+        return self.b(torch.nn.functional.pad(y, (1, 1, 1, 1), mode="reflect"))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_pads_and_max_pools_run_on_the_codes(mode):
+    g, x = quantized_graph(PaddedPools(), (2, 3, 17, 15))
+    assert g.op_histogram()["Pad"] == 3 and g.op_histogram()["MaxPool"] == 2
+    low = both(g, {g.inputs[0]: x}, mode)["qoperator"]
+    hows = [how for name, how in low.lowering.items() if next(n for n in g.nodes if n.name == name).op in
+            ("Pad", "MaxPool")]
+    assert sorted(hows) == ["NhwcMaxPool"] * 2 + ["Pad of the codes"] * 3
+
+
 class Movers(torch.nn.Module):
     """Ops that only move or select codes: DepthToSpace, Tile, nearest Resize, the
     Reshape / Transpose of pixel_unshuffle, GlobalMaxPool and ReduceMax."""
