@@ -298,6 +298,32 @@ def test_pads_and_max_pools_run_on_the_codes(mode):
     assert sorted(hows) == ["NhwcMaxPool"] * 2 + ["Pad of the codes"] * 3
 
 
+class ChannelScales(torch.nn.Module):
+    """Mul by one constant per channel: after a Concat on [N, C, H, W] (a batch norm that cannot
+    fold), on a channels-last [N, H, W, C] and on [N, rows, C] (a layer scale)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.Conv2d(3, 6, 1)
+        self.g1 = torch.nn.Parameter(torch.linspace(-1.5, 2, 12).reshape(12, 1, 1))
+        self.g2, self.g3 = torch.nn.Parameter(torch.linspace(0.1, 3, 12)), torch.nn.Parameter(torch.linspace(-2, 1, 12))
+
+    def forward(self, x):
+        y = torch.cat([self.a(x), self.b(x)], dim=1) * self.g1
+        y = y.permute(0, 2, 3, 1) * self.g2
+        return y.flatten(1, 2) * self.g3
+
+
+@pytest.mark.parametrize("mode", ["fixedpoint", "single"])
+def test_mul_by_a_constant_per_channel_is_a_depthwise_qlinearconv(mode):
+    g, x = quantized_graph(ChannelScales(), (2, 3, 6, 5))
+    muls = [n.name for n in g.nodes if n.op == "Mul"]
+    low = both(g, {g.inputs[0]: x}, mode)["qoperator"]
+    assert len(muls) == 3 and all(low.lowering[m].startswith("QLinearConv, depthwise") for m in muls)
+    x = np.concatenate([x, np.random.default_rng(7).standard_normal((64, 3, 6, 5)).astype(x.dtype) * 2])
+    both(g, {g.inputs[0]: x}, mode)
+
+
 class Movers(torch.nn.Module):
     """Ops that only move or select codes: DepthToSpace, Tile, nearest Resize, the
     Reshape / Transpose of pixel_unshuffle, GlobalMaxPool and ReduceMax."""

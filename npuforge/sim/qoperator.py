@@ -16,6 +16,9 @@ integer operators (QOperator form), on uint8 codes.
   channel's whole accumulator range (the quantizer picks multipliers for which
   one exists: :mod:`npuforge.quant.ort_multipliers`). A fused Relu / Clip
   narrower than the type is a ``Clip`` on the codes.
+* Mul by a uint8 constant with one value per channel (a batch norm after a Concat, a layer
+  scale), fixed-point: a depthwise 1x1 ``QLinearConv`` with the constant's codes as weights,
+  each channel's scale proven on its product range.
 * Add of two same-shaped activations, in every rounding mode: com.microsoft
   ``QLinearAdd``, with ratios proven equal to the Add's table of all 65,536 results
   (:mod:`npuforge.sim.qlinear_add`). Mul (``onnx``): ``QLinearMul``;
@@ -448,6 +451,9 @@ class QOperatorBuilder(LoweringBuilder):
         consts = [k for k in range(2) if f"input{k}" in node.quant]
         if node.op == "Add" and len(consts) == 1 and self._add_constant(node, 1 - consts[0]):
             return
+        if node.op == "Mul" and len(consts) == 1 and self.plain.rounding != "onnx" and \
+                self._mul_per_channel(node, 1 - consts[0]):
+            return
         if self.plain.rounding != "onnx":
             return self._in_float(node, "fixed-point arithmetic")
         if node.op != "Mul" or not two_activations:
@@ -510,6 +516,59 @@ class QOperatorBuilder(LoweringBuilder):
                self.const("unit_scale", np.float32(1)), self.zero_point(node, y)]
         self.emit("QLinearAdd", ins, y, "com.microsoft")
         self.report[node.name] = "QLinearAdd of the constant's codes (ratios proven on every pair of codes)"
+        return True
+
+    def _mul_per_channel(self, node, k: int) -> bool:
+        """A fixed-point Mul of activation ``k`` by a constant with one value per channel (a batch
+        norm after a Concat, a layer scale) as a depthwise 1x1 ``QLinearConv``: the weights are the
+        constant's codes, its zero point theirs, so the accumulator is the rule's product
+        ``(x - zp_x) (c - zp_c)``, and each channel's float32 scale is proven equal to the rule's
+        requantization on the channel's whole product range (:func:`fit_channels`). A [N, C, H, W]
+        activation with a [C, 1, 1] constant, or any [..., C] with [C] (ONNX Runtime's channels-last
+        QLinearConv on [1, rows, 1, C]); False (nothing emitted) elsewhere, or where a channel has no
+        such scale. densenet121 at batch 1: 19.7 -> 9.2 ms (a table lookup per element before)."""
+        g = self.graph
+        x, c, y = node.inputs[k], node.inputs[1 - k], node.outputs[0]
+        qx, qy, qc = self.codes(node, x), self.codes(node, y), g.values[c].quant
+        shape = list(g.values[x].shape)
+        if qc is None or qc.dtype != "uint8" or qc.per_channel or len(shape) < 2:
+            return False
+        codes = np.asarray(self.plain._int(node, f"input{1 - k}")).astype(np.int64)
+        trailing = codes.shape[next((i for i, d in enumerate(codes.shape) if d != 1), codes.ndim):]
+        channels_last = trailing == (shape[-1],)
+        if codes.size < 2 or codes.ndim > len(shape) or not (channels_last or len(shape) == 4 and
+                                                             trailing == (shape[1], 1, 1)):
+            return False  # not one value per channel on the last axis or on a 4-D value's second
+        w, zc = codes.reshape(-1), int(qc.zero_point)
+        zx, zy = int(qx.zero_point), int(qy.zero_point)
+        product = (w - zc)[:, None] * np.array([qx.qmin - zx, qx.qmax - zx])
+        a, b = product.min(axis=1), product.max(axis=1)
+        lo, hi = np.full(a.shape, qy.qmin - zy), np.full(a.shape, qy.qmax - zy)
+        multiplier, shift_ = int(self.plain._int(node, "multiplier")[0]), int(self.plain._int(node, "shift")[0])
+
+        def exact(acc: np.ndarray) -> np.ndarray:
+            out = self.plain._R(torch.from_numpy(acc), multiplier, shift_).numpy()
+            return np.clip(out, lo[:, None], hi[:, None])
+
+        m = np.full(a.shape, multiplier_value(multiplier, shift_))
+        formula, proven = fit_channels(exact, [Formula(float32_nudged(m, u), rnd="round") for u in SCALE_NUDGES],
+                                       a, b, lo, hi)
+        if formula is None or not proven.all():
+            return False
+        channels = codes.size
+        ins = [x, self.const("unit_scale", np.float32(1)), self.zero_point(node, x),
+               self.const(f"{node.name}::w", w.astype(np.uint8).reshape(channels, 1, 1, 1)),
+               self.const(f"{node.name}::w_scale", formula.r.astype(np.float32)),
+               self.const(f"{node.name}::w_zp", np.uint8(zc)), self.const("unit_scale", np.float32(1)),
+               self.zero_point(node, y)]
+        if not channels_last:
+            self.emit("QLinearConv", ins, y, group=channels)
+        else:
+            ins[0] = self.emit("Reshape", [x, self.const(f"{node.name}::rows", np.int64([1, -1, 1, channels]))],
+                               f"{x}::{node.name}::rows")
+            t = self.emit("QLinearConv", ins, f"{y}::rows", domain="com.microsoft", channels_last=1, group=channels)
+            self.emit("Reshape", [t, self.emit("Shape", [x], f"{y}::{node.name}::shape")], y)
+        self.report[node.name] = "QLinearConv, depthwise (its scales proven on each channel's product range)"
         return True
 
     def _pool(self, node):
