@@ -300,7 +300,7 @@ def test_pads_and_max_pools_run_on_the_codes(mode):
 
 class ChannelScales(torch.nn.Module):
     """Mul by one constant per channel: after a Concat on [N, C, H, W] (a batch norm that cannot
-    fold), on a channels-last [N, H, W, C] and on [N, rows, C] (a layer scale)."""
+    fold), on a channels-last [N, H, W, C] and on [N, rows, C] (a layer scale); and by one value."""
 
     def __init__(self):
         super().__init__()
@@ -311,7 +311,7 @@ class ChannelScales(torch.nn.Module):
     def forward(self, x):
         y = torch.cat([self.a(x), self.b(x)], dim=1) * self.g1
         y = y.permute(0, 2, 3, 1) * self.g2
-        return y.flatten(1, 2) * self.g3
+        return y.flatten(1, 2) * self.g3, torch.relu(self.b(x)) * -0.7
 
 
 @pytest.mark.parametrize("mode", ["fixedpoint", "single"])
@@ -319,7 +319,7 @@ def test_mul_by_a_constant_per_channel_is_a_depthwise_qlinearconv(mode):
     g, x = quantized_graph(ChannelScales(), (2, 3, 6, 5))
     muls = [n.name for n in g.nodes if n.op == "Mul"]
     low = both(g, {g.inputs[0]: x}, mode)["qoperator"]
-    assert len(muls) == 3 and all(low.lowering[m].startswith("QLinearConv, depthwise") for m in muls)
+    assert len(muls) == 4 and all(low.lowering[m].startswith("QLinearConv, depthwise") for m in muls)
     x = np.concatenate([x, np.random.default_rng(7).standard_normal((64, 3, 6, 5)).astype(x.dtype) * 2])
     both(g, {g.inputs[0]: x}, mode)
 

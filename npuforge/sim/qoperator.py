@@ -17,7 +17,7 @@ integer operators (QOperator form), on uint8 codes.
   one exists: :mod:`npuforge.quant.ort_multipliers`). A fused Relu / Clip
   narrower than the type is a ``Clip`` on the codes.
 * Mul by a uint8 constant with one value per channel (a batch norm after a Concat, a layer
-  scale), fixed-point: a depthwise 1x1 ``QLinearConv`` with the constant's codes as weights,
+  scale) or one value, fixed-point: a depthwise 1x1 ``QLinearConv`` with the constant's codes as weights,
   each channel's scale proven on its product range.
 * Add of two same-shaped activations, in every rounding mode: com.microsoft
   ``QLinearAdd``, with ratios proven equal to the Add's table of all 65,536 results
@@ -520,7 +520,8 @@ class QOperatorBuilder(LoweringBuilder):
 
     def _mul_per_channel(self, node, k: int) -> bool:
         """A fixed-point Mul of activation ``k`` by a constant with one value per channel (a batch
-        norm after a Concat, a layer scale) as a depthwise 1x1 ``QLinearConv``: the weights are the
+        norm after a Concat, a layer scale) or one value (attention's scaling, taken as one per
+        last-axis channel) as a depthwise 1x1 ``QLinearConv``: the weights are the
         constant's codes, its zero point theirs, so the accumulator is the rule's product
         ``(x - zp_x) (c - zp_c)``, and each channel's float32 scale is proven equal to the rule's
         requantization on the channel's whole product range (:func:`fit_channels`). A [N, C, H, W]
@@ -534,10 +535,11 @@ class QOperatorBuilder(LoweringBuilder):
         if qc is None or qc.dtype != "uint8" or qc.per_channel or len(shape) < 2:
             return False
         codes = np.asarray(self.plain._int(node, f"input{1 - k}")).astype(np.int64)
+        if codes.size == 1 and isinstance(shape[-1], int) and codes.ndim <= len(shape):  # one value: the same
+            codes = np.broadcast_to(codes.reshape(-1), (shape[-1],))                      # in every last-axis channel
         trailing = codes.shape[next((i for i, d in enumerate(codes.shape) if d != 1), codes.ndim):]
         channels_last = trailing == (shape[-1],)
-        if codes.size < 2 or codes.ndim > len(shape) or not (channels_last or len(shape) == 4 and
-                                                             trailing == (shape[1], 1, 1)):
+        if codes.ndim > len(shape) or not (channels_last or len(shape) == 4 and trailing == (shape[1], 1, 1)):
             return False  # not one value per channel on the last axis or on a 4-D value's second
         w, zc = codes.reshape(-1), int(qc.zero_point)
         zx, zy = int(qx.zero_point), int(qy.zero_point)
