@@ -215,24 +215,26 @@ def requantize(builder, acc64: str, multiplier, shift, single: bool, shape, pre:
 
 def elementwise(builder, node) -> str:
     """Add / Sub / Mul in the fixed-point modes, as the plain simulator's ``_elementwise``
-    computes them (npuforge's two-multiplier Add, TFLite's three-multiplier ADD, Mul's one
-    requantization of the product), on int64 copies of ``q - zp``."""
+    computes them: npuforge's two-multiplier Add by a table per operand (:func:`_add_by_tables`);
+    TFLite's three-multiplier ADD and Mul's one requantization of the product on int64 copies of
+    ``q - zp``."""
     plain, pre = builder.plain, node.name
     if plain.rounding == "onnx":
         builder.refuse(node, "ONNX Runtime's QLinearAdd / QLinearMul arithmetic is float, with no int64 form")
     if node.op not in ("Add", "Sub", "Mul"):
         builder.refuse(node, f"no integer rule for elementwise {node.op}")
-    xs = []
-    for k, name in enumerate(node.inputs[:2]):
-        q = builder.activation(node, name) if f"input{k}" not in node.quant else plain._q(name)
-        if f"input{k}" in node.quant:  # a constant operand: its codes
-            xs.append(_int64(builder, f"{pre}::c{k}", plain._int(node, f"input{k}").astype(np.int64)
-                             - int(q.zero_point)))
-        else:
-            xs.append(builder.emit("Cast", [name], f"{pre}::x{k}", to=TensorProto.INT64))
+    qs = [builder.activation(node, name) if f"input{k}" not in node.quant else plain._q(name)
+          for k, name in enumerate(node.inputs[:2])]
     builder.activation(node, node.outputs[0])
     if node.op != "Mul" and "multiplierout" not in node.quant:
         return _add_by_tables(builder, node)
+    xs = []
+    for k, name in enumerate(node.inputs[:2]):
+        if f"input{k}" in node.quant:  # a constant operand: its codes
+            xs.append(_int64(builder, f"{pre}::c{k}", plain._int(node, f"input{k}").astype(np.int64)
+                             - int(qs[k].zero_point)))
+        else:
+            xs.append(builder.emit("Cast", [name], f"{pre}::x{k}", to=TensorProto.INT64))
     single = plain.rounding == "single"
     one = [1]
 
@@ -244,26 +246,12 @@ def elementwise(builder, node) -> str:
         y = rescale(builder.emit("Mul", xs, f"{pre}::prod"), "multiplier", "shift", "rq")
         _store(builder, node, y)
         return "int64 fixed-point Mul"
-    if "multiplierout" in node.quant:  # TFLite's ADD / SUB
-        bits = int(plain._int(node, "left_shift"))
-    else:
-        qs = [plain._q(name) for name in node.inputs[:2]]
-        bits = min(extra_bits(max_abs_code(qs[k]), int(plain._int(node, f"shift{k}")[0])) for k in range(2))
-    up = _int64(builder, f"{pre}::2bits", 1 << bits)
+    # TFLite's ADD / SUB: each operand shifted up and rescaled, the sum requantized
+    up = _int64(builder, f"{pre}::2bits", 1 << int(plain._int(node, "left_shift")))
     ts = [rescale(builder.emit("Mul", [x, up], f"{pre}::x{k}_up"), f"multiplier{k}", f"shift{k}", f"rq{k}")
           for k, x in enumerate(xs)]
     total = builder.emit("Add" if node.op == "Add" else "Sub", ts, f"{pre}::total")
-    if "multiplierout" in node.quant:
-        y = rescale(total, "multiplierout", "shiftout", "rq_out")
-    elif bits:  # RoundingDivideByPOT: half away from zero
-        below = builder.emit("Cast", [builder.emit("Less", [total, _int64(builder, "int64_zero", 0)], f"{pre}::neg")],
-                             f"{pre}::neg64", to=TensorProto.INT64)
-        rounded = builder.emit("Sub", [builder.emit("Add", [total, _int64(builder, f"{pre}::half", 1 << (bits - 1))],
-                                                    f"{pre}::half_up"), below], f"{pre}::rounded")
-        y = _floor_div(builder, rounded, bits, f"{pre}::q64", bound=1 << 34)  # two outputs of rescale: 2^32 each
-    else:
-        y = total
-    _store(builder, node, y)
+    _store(builder, node, rescale(total, "multiplierout", "shiftout", "rq_out"))
     return f"int64 fixed-point {node.op}"
 
 

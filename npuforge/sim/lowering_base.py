@@ -152,9 +152,23 @@ class LoweringBuilder:
                 raise
         info = [helper.make_tensor_value_info(n, self.elem_type(n), list(g.values[n].shape))
                 for n in (*g.inputs, *g.outputs)]
-        graph = helper.make_graph(self.nodes, f"{g.name}-{self.SUFFIX}", info[:len(g.inputs)], info[len(g.inputs):],
-                                  self.inits)
+        nodes = _live(self.nodes, set(g.outputs))
+        used = {name for n in nodes for name in n.input}
+        graph = helper.make_graph(nodes, f"{g.name}-{self.SUFFIX}", info[:len(g.inputs)], info[len(g.inputs):],
+                                  [t for t in self.inits if t.name in used])
         opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid(d, 1) for d in self.DOMAINS]
         model = helper.make_model(graph, opset_imports=opsets, producer_name="npuforge")
         model.ir_version = 10
         return model
+
+
+def _live(nodes: list, outputs: set) -> list:
+    """The nodes some graph output depends on, in order. A node the float lowering runs leaves its
+    output's codes behind even where every consumer reads the float copy; ONNX Runtime would run
+    those conversions all the same (deit_tiny: 8 of 2,371 nodes, each 5-8 us at batch 1)."""
+    needed, live = set(outputs), []
+    for node in reversed(nodes):
+        if any(o in needed for o in node.output):
+            live.append(node)
+            needed.update(node.input)
+    return live[::-1]
