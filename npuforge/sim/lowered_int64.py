@@ -1,15 +1,16 @@
-"""The float lowering (:mod:`npuforge.sim.lowered`) of the two rules that are integer
-programs rather than one requantization: Softmax (npuforge/quant/softmax_rule.py)
-and LayerNormalization / InstanceNormalization / L2Normalize (npuforge/quant/layernorm_rule.py),
-written in ONNX Runtime's int64 arithmetic, step for step as the plain simulator
-computes them; the fixed-point requantization itself (:func:`requantize`), for the
-channels no float formula is proven equal to; Add / Sub / Mul of operands too wide
-for a table of every pair of codes (:func:`elementwise`: int16); and the integer
-bilinear Resize (:func:`interpolate`, two exact float64 matrix products). Every step is exact: int64 products stay below 2^62 by the rules'
-own bounds, ``Div`` of non-negative int64 values is floor division, a floor
-division by 2^t of a signed value is ``(a + 2^62) >> t`` as uint64 less ``2^(62 - t)``
-where the value's bound allows, else ``(a - Mod(a, 2^t)) / 2^t``, and the integer
-square root is a float64 estimate corrected by one step each way.
+"""The float lowering (:mod:`npuforge.sim.lowered`) of the rules that are integer programs
+rather than one requantization: Softmax (npuforge/quant/softmax_rule.py) and
+LayerNormalization / InstanceNormalization / L2Normalize (npuforge/quant/layernorm_rule.py);
+the fixed-point requantization itself (:func:`requantize`), for the channels no float formula
+is proven equal to; Add / Sub / Mul of operands too wide for a table of every pair of codes
+(:func:`elementwise`: int16); and the integer bilinear Resize (:func:`interpolate`). Each is
+computed exactly, step for step as the plain simulator computes it or in a regrouping that
+gives the same integers: in float64 where every value is an integer (or one times a power of
+two) below 2^53, whatever the order of the sums, else in ONNX Runtime's int64 arithmetic,
+whose products stay below 2^62 by the rules' own bounds. ``Div`` of non-negative int64 values
+is floor division; a floor division by 2^t of a signed value is ``(a + 2^62) >> t`` as uint64
+less ``2^(62 - t)`` where the value's bound allows, else ``(a - Mod(a, 2^t)) / 2^t``; the
+integer square root is a float64 estimate corrected by one step each way.
 
 Each function takes the builder (its ``emit``, ``const``, ``activation``, ``plain``)
 and the node, emits into the node's output (values ``q - zp`` in float32, as the
@@ -148,8 +149,8 @@ def layernorm(builder, node) -> str:
     cr_max = max((math.isqrt(n) + 1) << 30, c_max * R_ABOVE_SHIFT)
     if exact is not None and cr_max < 1 << 53:
         c64 = c if exact == TensorProto.DOUBLE else builder.emit("Cast", [c], f"{pre}::c64", to=TensorProto.DOUBLE)
-        scale = builder.emit("Gather", [builder.const(f"{pre}::pow2", np.float64(2.0) ** -(np.arange(steps + 1) + down)),
-                                        h], f"{pre}::2_hd", axis=0)
+        powers = builder.const(f"{pre}::pow2", np.float64(2.0) ** -(np.arange(steps + 1) + down))
+        scale = builder.emit("Gather", [powers, h], f"{pre}::2_hd", axis=0)
         rs = builder.emit("Mul", [builder.emit("Cast", [r], f"{pre}::r64", to=TensorProto.DOUBLE), scale], f"{pre}::rs")
         u = builder.emit("Cast", [builder.emit("Floor", [builder.emit("Mul", [c64, rs], f"{pre}::crs")], f"{pre}::uf")],
                          f"{pre}::u", to=TensorProto.INT64)
@@ -351,7 +352,8 @@ def _floor_div(builder, x: str, exponent, out: str, bound: int | None = None, of
     if bound is not None and bound < OFFSET:
         if not computed:
             k = builder.const(f"{out}::k", exponent.astype(np.uint64))
-        shifted_up = x if offset_added else builder.emit("Add", [x, _int64(builder, "int64_2_62", OFFSET)], f"{out}::off")
+        shifted_up = x if offset_added else \
+            builder.emit("Add", [x, _int64(builder, "int64_2_62", OFFSET)], f"{out}::off")
         unsigned = builder.emit("Cast", [shifted_up], f"{out}::off_u", to=TensorProto.UINT64)
         shifted = builder.emit("Cast", [builder.emit("BitShift", [unsigned, k], f"{out}::off_s", direction="RIGHT")],
                                f"{out}::off_q", to=TensorProto.INT64)
