@@ -62,6 +62,13 @@ def max_abs_code(p) -> int:
 # -- fixed-point requantization -------------------------------------------------------
 
 
+def value_code(value: float, p) -> int:
+    """The code of a float constant on the per-tensor grid ``p`` as the integer program takes it
+    (a Pad's fill value): float32 division by the scale, rounded half to even, the zero point
+    added, saturated; 0.0 is the zero point exactly."""
+    return int(np.clip(np.rint(np.float32(value) / np.float32(p.scale)) + int(p.zero_point), p.qmin, p.qmax))
+
+
 def saturate_int32(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(INT32_MIN, INT32_MAX)
 

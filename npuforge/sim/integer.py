@@ -85,7 +85,7 @@ from ..quant.params import check_finite
 from ..quant.requant import activation_code_bounds, multiplier_value, quantize_multiplier
 from .float_exec import check_feeds, last_uses
 from .int_ops import (NP_INT, TORCH_INT, conv_int64, exact_float_dtype, max_abs_code, requantize_fixedpoint,
-                      requantize_onnx, requantize_single)
+                      requantize_onnx, requantize_single, value_code)
 from .integer_elementwise import ElementwiseKernels, f32
 
 ROUNDING_MODES = ("fixedpoint", "single", "onnx")
@@ -474,10 +474,7 @@ class IntegerSimulator(ElementwiseKernels):
                 value = float(np.asarray(v.data).reshape(-1)[0]) if v.is_const else 0.0
                 if xq.per_channel:
                     raise UnsupportedError(f"node '{node.name}': Pad of a per-channel quantized value")
-                # the pad value in the integer domain (0.0 -> the zero point exactly)
-                code = int(np.clip(np.rint(np.float32(value) / np.float32(xq.scale)) + int(xq.zero_point),
-                                   xq.qmin, xq.qmax))
-                rest.append(torch.tensor([float(code)], dtype=torch.float32))
+                rest.append(torch.tensor([float(value_code(value, xq))], dtype=torch.float32))
             elif node.op == "Pad" and k == 2:
                 rest.append(torch.tensor([float(int(xq.zero_point))], dtype=torch.float32))
             else:

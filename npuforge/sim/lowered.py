@@ -61,7 +61,7 @@ from ..export.onnx_export import _nodes_of
 from ..ops.activation import FUSED_ATTRS
 from ..quant.params import check_finite
 from .float_exec import check_feeds
-from .int_ops import NP_INT, exact_float_dtype, max_abs_code
+from .int_ops import NP_INT, exact_float_dtype, max_abs_code, value_code
 from ..quant.requant import multiplier_value
 from .integer import IntegerSimulator, dequantize_output, quantize_input
 from . import lowered_int64 as int64_rules
@@ -473,9 +473,8 @@ class _Builder(TableLowerings, LoweringBuilder):
                 continue
             if node.op == "Pad" and k == 2:  # the pad value, as a code without its zero point
                 value = float(np.asarray(g.values[name].data).reshape(-1)[0])
-                code = int(np.clip(np.rint(np.float32(value) / np.float32(xq.scale)) + int(xq.zero_point),
-                                   xq.qmin, xq.qmax))
-                inputs[k] = self.const(f"{node.name}::value", np.float32(code - int(xq.zero_point)))
+                inputs[k] = self.const(f"{node.name}::value",
+                                       np.float32(value_code(value, xq) - int(xq.zero_point)))
             else:
                 self.const(f"{node.name}::{k}", np.asarray(g.values[name].data))
                 inputs[k] = f"{node.name}::{k}"

@@ -285,12 +285,7 @@ def _add_by_tables(builder, node) -> str:
         index = builder.emit("Cast", [name], f"{pre}::ix{k}", to=TensorProto.INT32)
         terms.append(builder.lookup(builder.const(f"{pre}::table{k}", table), index, f"{pre}::t{k}"))
     z = builder.emit("Add", terms, f"{pre}::z")
-    if bits:
-        half = builder.emit("Mul", [builder.emit("Sign", [z], f"{pre}::sign"), builder.const("float64_half", 0.5)],
-                            f"{pre}::half")
-        z = builder.emit("Cast", [builder.emit("Add", [z, half], f"{pre}::rounded")], f"{pre}::q32",
-                         to=TensorProto.INT32)  # truncates toward zero
-    _store(builder, node, z)
+    _store(builder, node, _round_half_away(builder, z, f"{pre}::q32") if bits else z)
     return f"{node.op} by a table per operand (float64)"
 
 
@@ -323,13 +318,18 @@ def interpolate(builder, node) -> str:
         matrices.append(m)
     rows = builder.emit("MatMul", [builder.const(f"{pre}::rows", matrices[0]), v], f"{pre}::by_rows")
     z = builder.emit("MatMul", [rows, builder.const(f"{pre}::cols", matrices[1].T * 2.0**-20)], f"{pre}::z")
-    half_away = builder.emit("Mul", [builder.emit("Sign", [z], f"{pre}::sign"), builder.const("float64_half", 0.5)],
-                             f"{pre}::half")
-    y = builder.emit("Cast", [builder.emit("Add", [z, half_away], f"{pre}::rounded")], f"{pre}::y",
-                     to=TensorProto.INT32)  # truncates toward zero
+    y = _round_half_away(builder, z, f"{pre}::y")
     _store(builder, node, builder.emit("Add", [y, builder.const(f"{pre}::to_c", np.int32(shift - int(yq.zero_point)))],
                                        f"{pre}::q64"))
     return "float64 bilinear (two exact matrix products)"
+
+
+def _round_half_away(builder, z: str, out: str) -> str:
+    """int32 round-half-away-from-zero of float64 ``z`` (an integer times 2^-k, below 2^31, so
+    ``z + sign(z) / 2`` is exact): its Cast truncates toward zero."""
+    half = builder.emit("Mul", [builder.emit("Sign", [z], f"{out}::sign"), builder.const("float64_half", 0.5)],
+                        f"{out}::half")
+    return builder.emit("Cast", [builder.emit("Add", [z, half], f"{out}::rounded")], out, to=TensorProto.INT32)
 
 
 OFFSET = 1 << 62  # a multiple of every power of two divided by here

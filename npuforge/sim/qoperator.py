@@ -52,7 +52,7 @@ from ..ops.activation import FUSED_ATTRS
 from ..quant.requant import multiplier_value
 from . import qlinear_add
 from .lowered import _Builder, channel_subset, matmul_rule, requant_rule, uint8_weights
-from .int_ops import NP_INT, max_abs_code
+from .int_ops import NP_INT, max_abs_code, value_code
 from .lowering_base import LoweringBuilder, channel_ranges, runs_in_float
 from .monotone_fit import Formula, fit_channels, float32_nudged, verify
 
@@ -697,12 +697,10 @@ class QOperatorBuilder(LoweringBuilder):
         for k, name in enumerate(inputs[1:], 1):
             if name and not g.values[name].is_const:
                 self.refuse(node, f"input '{name}' is computed")
-        value = float(np.asarray(g.values[inputs[2]].data).reshape(-1)[0]) if inputs[2] else 0.0
-        code = np.clip(np.rint(np.float32(value) / np.float32(xq.scale)) + int(xq.zero_point), xq.qmin, xq.qmax)
-        inputs[2] = self.const(f"{node.name}::value", np.uint8(code))
-        for k, name in enumerate(inputs[1:], 1):
-            if name and k != 2:
+            if name and k != 2:  # (the fill value becomes its code below)
                 self.const(name, np.asarray(g.values[name].data))
+        value = float(np.asarray(g.values[inputs[2]].data).reshape(-1)[0]) if inputs[2] else 0.0
+        inputs[2] = self.const(f"{node.name}::value", np.uint8(value_code(value, xq)))
         self.nodes.extend(_nodes_of(g, dataclasses.replace(node, inputs=inputs)))
         self.report[node.name] = "Pad of the codes"
 
