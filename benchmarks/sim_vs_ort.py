@@ -34,7 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import npuforge  # noqa: E402
-from npuforge.errors import UnsupportedError  # noqa: E402
+from npuforge.argtypes import non_negative_int, positive_int  # noqa: E402
+from npuforge.errors import NpuforgeError, UnsupportedError  # noqa: E402
 from npuforge.sim.integer import IntegerSimulator  # noqa: E402
 from npuforge.sim.lowered import LoweredSimulator, make_simulator  # noqa: E402
 
@@ -145,20 +146,25 @@ def agreement(graph, data: str, skip: int, limit: int | None, batch: int, thread
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", help="a quantized IR (npuforge quantize ... -o MODEL.nfir)")
-    p.add_argument("--batch", type=int, default=25)
-    p.add_argument("--batches", type=int, default=2, help="timed batches per engine")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds; each engine's best is kept")
+    p.add_argument("--batch", type=positive_int, default=25)
+    p.add_argument("--batches", type=positive_int, default=2, help="timed batches per engine")
+    p.add_argument("--threads", type=positive_int, default=2)
+    p.add_argument("--rounds", type=positive_int, default=3,
+                   help="interleaved timing rounds; each engine's best is kept")
     p.add_argument("--agreement", metavar="DIR", help="instead: top-1 and agreement of int vs fake-quant on DIR")
     p.add_argument("--rounding", default="fixedpoint", help="comma-separated rounding modes for --agreement")
-    p.add_argument("--skip", type=int, default=100)
-    p.add_argument("--limit", type=int)
+    p.add_argument("--skip", type=non_negative_int, default=100)
+    p.add_argument("--limit", type=positive_int)
     args = p.parse_args()
-    graph = npuforge.load(args.model)
-    if args.agreement:
-        agreement(graph, args.agreement, args.skip, args.limit, args.batch, args.threads, args.rounding.split(","))
-    else:
-        bench(graph, args.batch, args.batches, args.threads, args.rounds)
+    try:
+        graph = npuforge.load(args.model)
+        if args.agreement:
+            agreement(graph, args.agreement, args.skip, args.limit, args.batch, args.threads, args.rounding.split(","))
+        else:
+            bench(graph, args.batch, args.batches, args.threads, args.rounds)
+    except NpuforgeError as e:  # a missing or unreadable model, a bad --agreement folder: one line, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
