@@ -70,8 +70,10 @@ def test_quantize_writes_ir_weights_and_qdq(capsys, tiny_model, images, tmp_path
 def test_empty_calibration_folder(capsys, tiny_model, tmp_path):
     (tmp_path / "empty").mkdir()
     code, _, err = run(capsys, "quantize", tiny_model, "--calib", tmp_path / "empty", "-o", tmp_path / "q.nfir")
-    one_line_error(code, err, "empty", "no images found")
+    one_line_error(code, err, "empty", "no images found", "point --calib at")
     assert not (tmp_path / "q.nfir").exists()
+    code, _, err = run(capsys, "quantize", tiny_model, "--calib", tmp_path / "nope", "-o", tmp_path / "q.nfir")
+    one_line_error(code, err, "nope", "no such folder (--calib)")
 
 
 @pytest.mark.parametrize("option", ["--int16", "--keep-float"])

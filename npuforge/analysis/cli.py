@@ -125,7 +125,7 @@ def cmd_analyze(args) -> int:
     if any(v.quant is not None for v in graph.values.values()):
         raise NpuforgeError(f"{args.model}: already quantized; analyze takes the float model")
     transform = transform_of(graph.metadata["preprocess"])
-    calib = ImageDataset(args.calib, args.class_table, labelled=False)
+    calib = ImageDataset(args.calib, args.class_table, labelled=False, option="--calib")
     if len(calib) < args.num_calib:
         raise NpuforgeError(f"--calib {args.calib}: holds {len(calib)} images but --num-calib is {args.num_calib}")
     calib.samples = calib.samples[:args.num_calib]

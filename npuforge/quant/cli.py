@@ -212,7 +212,8 @@ def cmd_quantize(args) -> int:
     if files and args.target_drop is not None:
         raise NpuforgeError(f"--target-drop scores recipes on labelled photos; {args.calib} holds arrays")
     # calibration needs no labels (a detector's images have none); the target-drop climb evaluates on them
-    dataset = None if files else ImageDataset(args.calib, args.class_table, labelled=args.target_drop is not None)
+    dataset = None if files else ImageDataset(args.calib, args.class_table, option="--calib",
+                                                labelled=args.target_drop is not None)
     dist = Distributed.from_env("cpu")
     if dist.active and (args.target_drop is not None or args.bias_correction or args.adaround):
         option = "--target-drop" if args.target_drop is not None else (

@@ -97,11 +97,13 @@ def _is_image(p: Path) -> bool:
 class ImageDataset:
     """A labelled list of image files; ``dataset[i]`` -> (PIL image or None, label, path)."""
 
-    def __init__(self, root, class_table=None, limit: int | None = None, skip: int = 0, labelled: bool = True):
-        """``labelled=False`` (calibration): any file names, label -1 for a flat folder."""
+    def __init__(self, root, class_table=None, limit: int | None = None, skip: int = 0, labelled: bool = True,
+                 option: str = "--data"):
+        """``labelled=False`` (calibration): any file names, label -1 for a flat folder. ``option``:
+        the command-line option that named ``root``, for the messages."""
         self.root = Path(root)
         if not self.root.is_dir():
-            raise NpuforgeError(f"{self.root}: no such folder (--data)")
+            raise NpuforgeError(f"{self.root}: no such folder ({option})")
         table = read_class_table(class_table) if isinstance(class_table, (str, Path)) else class_table
         entries = sorted(self.root.iterdir())
         files = [p for p in entries if _is_image(p)]
@@ -150,7 +152,7 @@ class ImageDataset:
                 self.samples.append((p, index[wnid]))
         else:
             raise NpuforgeError(f"{self.root}: no images found (extensions {', '.join(sorted(IMAGE_EXTENSIONS))}); "
-                                f"point --data at a folder of images or of class subfolders")
+                                f"point {option} at a folder of images or of class subfolders")
         if skip:
             if skip < 0 or skip >= len(self.samples):
                 raise NpuforgeError(f"--skip {skip}: {self.root} holds {len(self.samples)} images; "
