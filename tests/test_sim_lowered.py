@@ -643,7 +643,7 @@ class WideElementwise(torch.nn.Module):
 
     def forward(self, x):
         a, b = self.a(x), self.b(x)
-        return a + b, a * b, a - b, a * 0.37 + 0.5, a * a, a + torch.linspace(-1, 1, 6)
+        return a + b, a * b, a - b, a * 0.37 + 0.5, a * a, a + torch.linspace(-1, 1, 6), b - a
 
 
 @pytest.mark.parametrize("tflite", [False, True])
@@ -661,9 +661,9 @@ def test_int16_add_sub_mul_lowered_in_int64(mode, tflite):
         return
     low = make_simulator(g, mode, engine="ort")
     hows = list(low.lowering.values())
-    tables = sum("by a table per operand" in how for how in hows)
-    assert (tables, sum("int64 fixed-point" in how for how in hows) >= (5 if tflite else 2)) == \
-        (0 if tflite else 3, True), low.lowering  # (a + b, a - b, a + a constant)
+    computed = sum("int16 operands rescaled in float64" in how for how in hows)
+    assert (computed, sum("int64 fixed-point" in how for how in hows) >= (6 if tflite else 2)) == \
+        (0 if tflite else 4, True), low.lowering  # (a + b, a - b, a + a constant, b - a)
     info, rng = np.iinfo(x.dtype), np.random.default_rng(5)
     # 20,000 rows: ties of RoundingDivideByPOT (one sum in 2^14 here) in both signs
     for codes in (x, rng.integers(info.min, info.max + 1, (20000, 8)).astype(x.dtype)):
@@ -1284,6 +1284,25 @@ def test_a_cast_of_an_integer_input_into_a_quantized_value_is_lowered_exactly():
         np.testing.assert_array_equal(lowered.run(f, dequantize=False)["y"], plain.run(f, dequantize=False)["y"])
 
 
+class HelperBuilder:
+    """The two methods of a lowering builder the int64 helpers of lowered_int64 call."""
+
+    def __init__(self):
+        self.nodes, self.inits, self.names = [], [], set()
+
+    def const(self, name, arr):
+        if name not in self.names:
+            self.names.add(name)
+            self.inits.append(onnx.numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    def emit(self, op, inputs, output, **attrs):
+        from onnx import helper
+
+        self.nodes.append(helper.make_node(op, inputs, [output], name=output, **attrs))
+        return output
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.integers(0, 62), st.integers(0, 2**62), st.integers(0, 2**31))
 def test_floor_division_by_a_power_of_two_in_both_forms(k, bound, seed):
@@ -1295,25 +1314,11 @@ def test_floor_division_by_a_power_of_two_in_both_forms(k, bound, seed):
 
     from npuforge.sim import lowered_int64
 
-    class Builder:
-        def __init__(self):
-            self.nodes, self.inits, self.names = [], [], set()
-
-        def const(self, name, arr):
-            if name not in self.names:
-                self.names.add(name)
-                self.inits.append(onnx.numpy_helper.from_array(np.asarray(arr), name))
-            return name
-
-        def emit(self, op, inputs, output, **attrs):
-            self.nodes.append(helper.make_node(op, inputs, [output], name=output, **attrs))
-            return output
-
     edge = min(bound, 2**62 - 1)
     x = np.concatenate([np.array([-edge, edge, 0, -1, 1], np.int64),
                         np.random.default_rng(seed).integers(-edge, edge, 64, endpoint=True, dtype=np.int64)])
     for given_bound, as_tensor in ((bound, False), (None, False), (bound, True), (None, True)):
-        b = Builder()
+        b = HelperBuilder()
         exponent = b.const("k", np.full(1, k, np.int64)) if as_tensor else np.int64(k)
         lowered_int64._floor_div(b, "x", exponent, "y", bound=given_bound)
         assert any(n.op_type == "Mod" for n in b.nodes) == (given_bound is None or given_bound >= 2**62)
@@ -1322,6 +1327,32 @@ def test_floor_division_by_a_power_of_two_in_both_forms(k, bound, seed):
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
         np.testing.assert_array_equal(got, np.floor_divide(x, np.int64(1 << k)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1 << 30, (1 << 31) - 1), st.integers(-24, 14), st.integers(0, 14), st.booleans())
+def test_an_int16_operand_rescaled_in_float64_equals_the_integer_rescaling(multiplier, shift, bits, single):
+    """lowered_int64._rescaled, an int16 Add operand's R(q 2^bits) in float64 ops, equals the
+    plain path's fixed-point (or single) rounding on every int16 code, ties of both roundings
+    in both signs included."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from npuforge.sim import lowered_int64
+    from npuforge.sim.int_ops import requantize_fixedpoint, requantize_single
+
+    bits = min(bits, 14 - max(shift, 0))  # |q| 2^(bits + max(shift, 0)) below 2^30, as extra_bits keeps it
+    b = HelperBuilder()
+    lowered_int64._rescaled(b, "x", multiplier, shift, bits, single, "t")
+    graph = helper.make_graph(b.nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
+                              [helper.make_tensor_value_info("t", TensorProto.DOUBLE, [None])], b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    q = np.arange(-32768, 32768, dtype=np.int64)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": q.astype(np.float32)})[0]
+    rule = requantize_single if single else requantize_fixedpoint
+    want = rule(torch.from_numpy(q << bits), multiplier, shift).numpy()
+    np.testing.assert_array_equal(got, want.astype(np.float64))
 
 
 @pytest.mark.parametrize("op", ["Gemm", "MatMul"])

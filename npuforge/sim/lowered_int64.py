@@ -256,37 +256,76 @@ def elementwise(builder, node) -> str:
     return f"int64 fixed-point {node.op}"
 
 
+TABLE_CODES = 256  # an operand with more codes is rescaled by arithmetic: its table (int16: 512 KB)
+# leaves the cache between uses (deit_tiny's int16 residual: 107 us per lookup where a uint8 table took 15)
+
+
 def _add_by_tables(builder, node) -> str:
     """npuforge's two-multiplier Add / Sub with an operand too wide for a table of every pair of
     codes: each operand's rescaling ``t_k = R((q_k - zp_k) 2^bits)`` depends on that operand alone,
     so it is a table over the operand's codes (a constant operand: its own values), computed by
-    the plain simulator's requantization. The tables hold ``t_k / 2^bits`` (|t_k| < 2^33: exact in
-    float64), rolled so that ``GatherElements`` reads them at ``q - zp`` itself (negative indices
-    count from the end); their sum z is exact, and RoundingDivideByPOT's rounding half away from
-    zero is the truncating Cast of ``z + sign(z) / 2``. 17 ONNX nodes where the int64 form took 36 (deit_tiny)."""
+    the plain simulator's requantization; an int16 operand's is computed (:func:`_rescaled`).
+    Their sum z (|t_k| < 2^33: exact in float64) is divided by 2^bits, and RoundingDivideByPOT's
+    rounding half away from zero is the truncating Cast of ``z + sign(z) / 2``. Where every
+    operand is a table, the tables hold ``t_k / 2^bits`` already, rolled so that
+    ``GatherElements`` reads them at ``q - zp`` itself (negative indices count from the end).
+    17 ONNX nodes where the int64 form took 36 (deit_tiny)."""
     plain, pre = builder.plain, node.name
     qs = [plain._q(name) for name in node.inputs[:2]]
     shifts = [int(plain._int(node, f"shift{k}")[0]) for k in range(2)]
+    multipliers = [int(plain._int(node, f"multiplier{k}")[0]) for k in range(2)]
     bits = min(extra_bits(max_abs_code(qs[k]), shifts[k]) for k in range(2))
+    computed = [f"input{k}" not in node.quant and qs[k].qmax - qs[k].qmin >= TABLE_CODES for k in range(2)]
+    scale = 1.0 if any(computed) else 2.0**-bits  # one Mul after the sum where a term is computed
     terms = []
     for k, name in enumerate(node.inputs[:2]):
-        factor = 2.0**-bits * (-1.0 if k == 1 and node.op == "Sub" else 1.0)
+        sign = -1.0 if k == 1 and node.op == "Sub" else 1.0
 
-        def rescaled(x: torch.Tensor, k=k, factor=factor) -> np.ndarray:
-            t = plain._R(x << bits, int(plain._int(node, f"multiplier{k}")[0]), shifts[k])
+        def rescaled(x: torch.Tensor, k=k, factor=sign * scale) -> np.ndarray:
+            t = plain._R(x << bits, multipliers[k], shifts[k])
             return t.numpy().astype(np.float64) * factor
 
-        if f"input{k}" in node.quant:  # a constant operand: its terms, broadcast by the Add
+        if computed[k]:
+            t = _rescaled(builder, name, multipliers[k], shifts[k], bits, plain.rounding == "single", f"{pre}::t{k}")
+            terms.append(t if sign > 0 else builder.emit("Neg", [t], f"{pre}::t{k}_neg"))
+        elif f"input{k}" in node.quant:  # a constant operand: its terms, broadcast by the Add
             codes = torch.from_numpy(plain._int(node, f"input{k}").astype(np.int64) - int(qs[k].zero_point))
             terms.append(builder.const(f"{pre}::t{k}", rescaled(codes)))
-            continue
-        low = qs[k].qmin - int(qs[k].zero_point)
-        table = np.roll(rescaled(torch.arange(low, qs[k].qmax - int(qs[k].zero_point) + 1)), low)
-        index = builder.emit("Cast", [name], f"{pre}::ix{k}", to=TensorProto.INT32)
-        terms.append(builder.lookup(builder.const(f"{pre}::table{k}", table), index, f"{pre}::t{k}"))
+        else:
+            low = qs[k].qmin - int(qs[k].zero_point)
+            table = np.roll(rescaled(torch.arange(low, qs[k].qmax - int(qs[k].zero_point) + 1)), low)
+            index = builder.emit("Cast", [name], f"{pre}::ix{k}", to=TensorProto.INT32)
+            terms.append(builder.lookup(builder.const(f"{pre}::table{k}", table), index, f"{pre}::t{k}"))
     z = builder.emit("Add", terms, f"{pre}::z")
+    if scale == 1.0 and bits:
+        z = builder.emit("Mul", [z, builder.const(f"{pre}::2_bits", np.float64(2.0**-bits))], f"{pre}::zs")
     _store(builder, node, _round_half_away(builder, z, f"{pre}::q32") if bits else z)
-    return f"{node.op} by a table per operand (float64)"
+    return f"{node.op} by a table per operand (float64)" if scale != 1.0 else \
+        f"{node.op} with its int16 operands rescaled in float64"
+
+
+def _rescaled(builder, x: str, multiplier: int, shift: int, bits: int, single: bool, out: str) -> str:
+    """``R((q - zp) 2^bits)`` in float64 for the float32 ``x`` = q - zp of an operand of up to 16
+    bits (``bits`` keeps ``|x| 2^(bits + max(shift, 0))`` below 2^30: nothing saturates). Both
+    roundings first take ``floor(v + 1/2)`` of ``v = x M 2^(bits + shift - 31)`` (the single one
+    alone; the fixed-point one's SaturatingRoundingDoublingHighMul, at 2^(31 + e) times this scale).
+    The fixed-point one then divides by 2^e, e = -shift > 0, rounding half away from zero:
+    ``floor((floor(v 2^e + 1/2) + 2^(e-1) - [q < 0]) / 2^e)``, one floor of
+    ``v + 1/2 + sign(q) / 2^(e+1)`` (an inner floor inside a division by a power of two is the
+    outer floor's; where q < 0 and v >= -1/2 both give 0). |x M| < 2^46, so every sum is an
+    integer times 2^(bits + shift - 31) below 2^53: exact."""
+    assert abs(multiplier) < 1 << 31 and bits + max(shift, 0) <= 30
+    x64 = builder.emit("Cast", [x], f"{out}::x64", to=TensorProto.DOUBLE)
+    v = builder.emit("Mul", [x64, builder.const(f"{out}::m", np.float64(multiplier * 2.0 ** (bits + shift - 31)))],
+                     f"{out}::v")
+    if not single and shift < 0:
+        # sign(q) / 2^(e+1): q / 2^(e+1) clipped to +-1 / 2^(e+1) (q an integer)
+        d = np.float64(2.0 ** (shift - 1))
+        signed = builder.emit("Clip", [builder.emit("Mul", [x64, builder.const(f"{out}::d", d)], f"{out}::xd"),
+                                       builder.const(f"{out}::-d", -d), builder.const(f"{out}::+d", d)], f"{out}::sd")
+        v = builder.emit("Add", [v, signed], f"{out}::vs")
+    half = builder.emit("Add", [v, builder.const("float64_half", np.float64(0.5))], f"{out}::vh")
+    return builder.emit("Floor", [half], out)
 
 
 def interpolate(builder, node) -> str:
