@@ -4,6 +4,8 @@ accepts or refuses a float formula for a requantization."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx
 import pytest
@@ -487,12 +489,14 @@ class Normalized(torch.nn.Module):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("float64_u", [True, False])
 def test_layer_and_instance_norm_lowered_in_int64(mode, float64_u, monkeypatch):
-    """c r / 2^(h + down) floored in float64 where |c r| stays below 2^53 (every model here), else
-    (a bound made huge: slices of 185,000 int16 codes would need it) in int64."""
+    """D = sum(c^2) / N + E and c r / 2^(h + down) floored in float64 where they stay below 2^53
+    (every model here), else (bounds made huge: slices of 185,000 int16 codes would need it) D from
+    the int64 sums and c r in int64."""
     if not float64_u:
         from npuforge.sim import lowered_int64
 
         monkeypatch.setattr(lowered_int64, "R_ABOVE_SHIFT", 1 << 40)
+        monkeypatch.setattr(lowered_int64, "FLOAT64_INTEGERS", 0)
     # 8-bit inputs, whatever the narrowest of the 7-element rows (int16 ones have no lowering)
     g, x = quantized_graph(Normalized(), (2, 3, 5, 7), config={"norm_spread_codes": 0})
     lows = both(g, {g.inputs[0]: x}, mode)
@@ -1353,6 +1357,25 @@ def test_an_int16_operand_rescaled_in_float64_equals_the_integer_rescaling(multi
     rule = requantize_single if single else requantize_fixedpoint
     want = rule(torch.from_numpy(q << bits), multiplier, shift).numpy()
     np.testing.assert_array_equal(got, want.astype(np.float64))
+
+
+def test_integer_square_root_in_onnx_ops_is_exact_next_to_squares():
+    """lowered_int64._isqrt (a biased float64 estimate and one correction upward) is math.isqrt
+    on 0 to 3, on k^2 - 1, k^2 and k^2 + 1 for 4,000 k up to 2^31 - 1, and at 2^62 - 1."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from npuforge.sim import lowered_int64
+
+    b = HelperBuilder()
+    lowered_int64._isqrt(b, "a", "r")
+    graph = helper.make_graph(b.nodes, "g", [helper.make_tensor_value_info("a", TensorProto.INT64, [None])],
+                              [helper.make_tensor_value_info("r", TensorProto.INT64, [None])], b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    k = np.concatenate([np.random.default_rng(0).integers(1, 1 << 31, 4000), [1 << 30, (1 << 31) - 1]])
+    a = np.concatenate([[0, 1, 2, 3, (1 << 62) - 1], *(k * k + d for d in (-1, 0, 1))]).astype(np.int64)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
+    np.testing.assert_array_equal(got, [math.isqrt(int(v)) for v in a])
 
 
 @pytest.mark.parametrize("op", ["Gemm", "MatMul"])

@@ -105,26 +105,38 @@ def layernorm(builder, node) -> str:
         xf = builder.emit("Cast", [x], f"{pre}::x64", to=TensorProto.DOUBLE)
     else:
         xf = builder.emit("Cast", [x], f"{pre}::q_in", to=TensorProto.INT64)  # q - zp: the zero point cancels in c
-    sums = {}
-
-    def reduce(v: str, tag: str) -> str:
-        sums[tag] = builder.emit("ReduceSum", [v, axes], f"{pre}::{tag}", keepdims=1)
-        return builder.emit("Cast", [sums[tag]], f"{pre}::{tag}_i", to=TensorProto.INT64) if exact else sums[tag]
-
-    squares = reduce(builder.emit("Mul", [xf, xf], f"{pre}::q2"), "sumsq")
-    eps = _int64(builder, f"{pre}::eps", int(plain._int(node, "epsilon")))
-    centred = layernorm_rule.centred(node)
-    if centred:
-        total = reduce(xf, "sum")
-        n64 = _int64(builder, f"{pre}::n", n)
-        w = builder.emit("Sub", [builder.emit("Mul", [squares, n64], f"{pre}::nsumsq"),
-                                 builder.emit("Mul", [total, total], f"{pre}::s2")], f"{pre}::w")
-        d = builder.emit("Add", [w, eps], f"{pre}::d")
-        # c = N q - S: |c| <= N (qmax - qmin); in the sums' float type that is exact (c's bound below its 2^24 or 2^53)
-        c = builder.emit("Sub", [builder.emit("Mul", [xf, _float(builder, f"{pre}::n", n, exact)], f"{pre}::nq"),
-                                 sums["sum"] if exact else total], f"{pre}::c")
+    eps_value = int(plain._int(node, "epsilon"))
+    eps = _int64(builder, f"{pre}::eps", eps_value)
+    if layernorm_rule.centred(node):
         c_max = n * (int(xq.qmax) - int(xq.qmin))
+        # c = N q - S: |c| <= N (qmax - qmin); in the sums' float type that is exact (c's bound below its 2^24 or 2^53)
+        total = builder.emit("ReduceSum", [xf, axes], f"{pre}::sum", keepdims=1)
+        c = builder.emit("Sub", [builder.emit("Mul", [xf, _float(builder, f"{pre}::n", n, exact)], f"{pre}::nq"), total],
+                         f"{pre}::c")
+        # W = N^2 var <= (N (qmax - qmin) / 2)^2 (Popoviciu), the partial sums of c^2 <= sum(c^2) = N W
+        w_max = (n * (int(xq.qmax) - int(xq.qmin))) ** 2 // 4 + 1
+        if exact is not None and n * w_max < FLOAT64_INTEGERS and w_max + eps_value < FLOAT64_INTEGERS:
+            # D = sum(c^2) / N + E, every partial sum and D integers below 2^53 in float64
+            c64 = _as_double(builder, c, exact, f"{pre}::c64")
+            sum_c2 = builder.emit("ReduceSum", [builder.emit("Mul", [c64, c64], f"{pre}::c2"), axes], f"{pre}::sumc2",
+                                  keepdims=1)
+            w = builder.emit("Div", [sum_c2, builder.const(f"{pre}::n64", np.float64(n))], f"{pre}::w")
+            d = builder.emit("Cast", [builder.emit("Add", [w, builder.const(f"{pre}::eps64", np.float64(eps_value))],
+                                                   f"{pre}::d64")], f"{pre}::d", to=TensorProto.INT64)
+        else:
+            def reduce(v: str, tag: str) -> str:
+                summed = builder.emit("ReduceSum", [v, axes], f"{pre}::{tag}", keepdims=1)
+                return builder.emit("Cast", [summed], f"{pre}::{tag}_i", to=TensorProto.INT64) if exact else summed
+
+            squares = reduce(builder.emit("Mul", [xf, xf], f"{pre}::q2"), "sumsq")
+            total = builder.emit("Cast", [total], f"{pre}::sum_i", to=TensorProto.INT64) if exact else total
+            w = builder.emit("Sub", [builder.emit("Mul", [squares, _float(builder, f"{pre}::n", n, None)], f"{pre}::nsumsq"),
+                                     builder.emit("Mul", [total, total], f"{pre}::s2")], f"{pre}::w")
+            d = builder.emit("Add", [w, eps], f"{pre}::d")
     else:  # L2Normalize: c = q - zp, D = max(sum(c^2), E)
+        squares = builder.emit("ReduceSum", [builder.emit("Mul", [xf, xf], f"{pre}::q2"), axes], f"{pre}::sumsq",
+                               keepdims=1)
+        squares = builder.emit("Cast", [squares], f"{pre}::sumsq_i", to=TensorProto.INT64) if exact else squares
         c, d = xf, builder.emit("Max", [squares, eps], f"{pre}::d")
         c_max = max_abs_code(xq)
     # h = #{j: d >= 2^(21 + 2j)}: d against the limits on its last axis where that is a normalized one (size 1),
@@ -148,7 +160,7 @@ def layernorm(builder, node) -> str:
     # exact in float64 and so is its Floor
     cr_max = max((math.isqrt(n) + 1) << 30, c_max * R_ABOVE_SHIFT)
     if exact is not None and cr_max < 1 << 53:
-        c64 = c if exact == TensorProto.DOUBLE else builder.emit("Cast", [c], f"{pre}::c64", to=TensorProto.DOUBLE)
+        c64 = _as_double(builder, c, exact, f"{pre}::c64")
         powers = builder.const(f"{pre}::pow2", np.float64(2.0) ** -(np.arange(steps + 1) + down))
         scale = builder.emit("Gather", [powers, h], f"{pre}::2_hd", axis=0)
         rs = builder.emit("Mul", [builder.emit("Cast", [r], f"{pre}::r64", to=TensorProto.DOUBLE), scale], f"{pre}::rs")
@@ -170,6 +182,16 @@ def layernorm(builder, node) -> str:
     biased = builder.emit("Add", [builder.emit("Mul", [u, g], f"{pre}::crg"), b], f"{pre}::rounded")
     _store(builder, node, _floor_div(builder, biased, t, f"{pre}::q64", bound=bound, offset_added=bool(offset)))
     return "int64 normalization"
+
+
+def _as_double(builder, x: str, dtype, out: str) -> str:
+    """``x`` (of the float ``dtype``) in float64, cast once whoever asks."""
+    if dtype == TensorProto.DOUBLE:
+        return x
+    if out not in builder._made:
+        builder._made.add(out)
+        builder.emit("Cast", [x], out, to=TensorProto.DOUBLE)
+    return out
 
 
 def _float(builder, name: str, value, dtype) -> str:
@@ -412,13 +434,15 @@ def _floor_div(builder, x: str, exponent, out: str, bound: int | None = None, of
     return builder.emit("Div", [exact, power], out)
 
 
+ISQRT_BELOW = 2.0**-20  # above the float64 estimate's error on r < 2^31 (3 2^-23) plus the Sub's rounding (2^-22)
+
+
 def _isqrt(builder, a: str, out: str) -> str:
-    """floor(sqrt(a)) of int64 a below 2^62: float64 estimate, then one correction each way."""
+    """floor(sqrt(a)) of int64 a below 2^62: the float64 estimate less 2^-20, truncated, is r or
+    r - 1 (never above r, never below r - 1), so one correction upward makes it exact."""
     est = builder.emit("Sqrt", [builder.emit("Cast", [a], f"{out}::a64", to=TensorProto.DOUBLE)], f"{out}::sqrt")
-    r0 = builder.emit("Cast", [builder.emit("Floor", [est], f"{out}::floor")], f"{out}::r0", to=TensorProto.INT64)
-    one = _int64(builder, "int64_one", 1)
-    too_big = builder.emit("Greater", [builder.emit("Mul", [r0, r0], f"{out}::r0sq"), a], f"{out}::over")
-    r1 = builder.emit("Where", [too_big, builder.emit("Sub", [r0, one], f"{out}::r0m"), r0], f"{out}::r1")
-    up = builder.emit("Add", [r1, one], f"{out}::r1p")
-    fits = builder.emit("LessOrEqual", [builder.emit("Mul", [up, up], f"{out}::r1psq"), a], f"{out}::fits")
-    return builder.emit("Where", [fits, up, r1], out)
+    below = builder.emit("Sub", [est, builder.const("float64_isqrt_below", np.float64(ISQRT_BELOW))], f"{out}::below")
+    r0 = builder.emit("Cast", [below], f"{out}::r0", to=TensorProto.INT64)  # truncates: 0 for a = 0
+    up = builder.emit("Add", [r0, _int64(builder, "int64_one", 1)], f"{out}::r0p")
+    fits = builder.emit("LessOrEqual", [builder.emit("Mul", [up, up], f"{out}::r0psq"), a], f"{out}::fits")
+    return builder.emit("Where", [fits, up, r0], out)
