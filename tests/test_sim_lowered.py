@@ -722,29 +722,35 @@ def test_conv_transpose_lowered(mode):
 class TwoReaders(torch.nn.Module):
     """One value read by two Convs whose accumulators pass 2^24."""
 
-    def __init__(self, width: int, kernel: int):
+    def __init__(self, width: int, kernel: int, grouped: bool = False):
         super().__init__()
         self.first = torch.nn.Conv2d(3, width, kernel, padding=kernel // 2)
-        self.a, self.b = (torch.nn.Conv2d(width, 8 * width // 32, 3, padding=1) for _ in range(2))
+        if grouped:  # a depthwise one, and one of groups of 4 channels
+            self.a, self.b = (torch.nn.Conv2d(width, width // k, 3, padding=1, groups=width // k) for k in (1, 4))
+        else:
+            self.a, self.b = (torch.nn.Conv2d(width, 8 * width // 32, 3, padding=1) for _ in range(2))
 
     def forward(self, x):
         y = self.first(x)
         return self.a(y), self.b(y)
 
 
-@pytest.mark.parametrize("dtype", ["int16", "int8"])
+@pytest.mark.parametrize("dtype", ["int16", "int16 grouped", "int8"])
 def test_conv_of_wide_accumulators_on_int16_and_int8_inputs_lowered(dtype):
     """A Conv whose accumulators pass 2^24: ONNX Runtime's u8u8 ConvInteger on the input's codes
     (int8 moved up by 128; int16 split into two bytes, one ConvInteger each, summed in int64);
+    a grouped one of int16 input as two float32 Convs of the bytes (each exact), summed in float64;
     the input's copies are made once for its two readers."""
-    net, config = (TwoReaders(32, 3), {"int16": ["/first/Conv"]}) if dtype == "int16" else \
-        (TwoReaders(256, 1), {"activation_dtype": "int8"})
+    net, config = (TwoReaders(32, 3, grouped=dtype.endswith("grouped")), {"int16": ["/first/Conv"]}) \
+        if dtype.startswith("int16") else (TwoReaders(256, 1), {"activation_dtype": "int8"})
     g, x = quantized_graph(net, (2, 3, 6, 5), config=config)
-    assert g.values[g.nodes[1].inputs[0]].quant.dtype == dtype
+    assert g.values[g.nodes[1].inputs[0]].quant.dtype == dtype.split()[0]
     low = make_simulator(g, "fixedpoint", engine="ort")
     # int8 activations: the float form; an int16 layer among uint8 ones: in float within the integer operators
-    assert low.form == ("qoperator" if dtype == "int16" else "float")
-    assert sum(n.op_type == "ConvInteger" for n in low.model.graph.node) == (4 if dtype == "int16" else 2)
+    assert low.form == ("float" if dtype == "int8" else "qoperator")
+    ops = [n.op_type for n in low.model.graph.node]
+    assert (ops.count("ConvInteger"), ops.count("Conv")) == \
+        {"int16": (4, 1), "int16 grouped": (0, 5), "int8": (2, 1)}[dtype]  # the first Conv: float32
     info, rng = np.iinfo(x.dtype), np.random.default_rng(9)
     for codes in (x, rng.integers(info.min, info.max + 1, (3, 3, 6, 5)).astype(x.dtype)):
         feeds = {g.inputs[0]: codes}
