@@ -722,35 +722,51 @@ def test_conv_transpose_lowered(mode):
 class TwoReaders(torch.nn.Module):
     """One value read by two Convs whose accumulators pass 2^24."""
 
-    def __init__(self, width: int, kernel: int, grouped: bool = False):
+    def __init__(self, width: int, kernel: int, readers: str = ""):
         super().__init__()
         self.first = torch.nn.Conv2d(3, width, kernel, padding=kernel // 2)
-        if grouped:  # a depthwise one, and one of groups of 4 channels
+        if readers == "grouped":  # a depthwise one, and one of groups of 4 channels
             self.a, self.b = (torch.nn.Conv2d(width, width // k, 3, padding=1, groups=width // k) for k in (1, 4))
         else:
-            self.a, self.b = (torch.nn.Conv2d(width, 8 * width // 32, 3, padding=1) for _ in range(2))
+            k = 1 if readers == "pointwise" else 3
+            self.a, self.b = (torch.nn.Conv2d(width, 8 * width // 32, k, padding=k // 2) for _ in range(2))
 
     def forward(self, x):
         y = self.first(x)
         return self.a(y), self.b(y)
 
 
-@pytest.mark.parametrize("dtype", ["int16", "int16 grouped", "int8"])
-def test_conv_of_wide_accumulators_on_int16_and_int8_inputs_lowered(dtype):
+@pytest.mark.parametrize("signed", [True, False])
+@pytest.mark.parametrize("dtype", ["int16", "int16 grouped", "int16 pointwise", "int8", "int8 pointwise"])
+def test_conv_of_wide_accumulators_on_int16_and_int8_inputs_lowered(dtype, signed, monkeypatch):
     """A Conv whose accumulators pass 2^24: ONNX Runtime's u8u8 ConvInteger on the input's codes
-    (int8 moved up by 128; int16 split into two bytes, one ConvInteger each, summed in int64);
-    a grouped one of int16 input as two float32 Convs of the bytes (each exact), summed in float64;
-    the input's copies are made once for its two readers."""
-    net, config = (TwoReaders(32, 3, grouped=dtype.endswith("grouped")), {"int16": ["/first/Conv"]}) \
-        if dtype.startswith("int16") else (TwoReaders(256, 1), {"activation_dtype": "int8"})
+    (int8 moved up by 128; int16 split into two bytes, one ConvInteger each, summed in float64);
+    a pointwise one as MatMulInteger of the weights by the input's rows (u8s8 where the CPU sums
+    those exactly, else u8u8); a grouped one of int16 input as two float32 Convs of the bytes (each
+    exact), summed in float64; the input's copies are made once for its two readers."""
+    from npuforge.sim import qoperator
+
+    exact = qoperator.signed_weights_exact()
+    monkeypatch.setattr(qoperator, "signed_weights_exact", lambda: signed)
+    kind, _, readers = dtype.partition(" ")
+    net, config = (TwoReaders(32, 3, readers), {"int16": ["/first/Conv"]}) if kind == "int16" else \
+        (TwoReaders(2304 if readers else 256, 1, readers), {"activation_dtype": "int8"})
     g, x = quantized_graph(net, (2, 3, 6, 5), config=config)
-    assert g.values[g.nodes[1].inputs[0]].quant.dtype == dtype.split()[0]
+    assert g.values[g.nodes[1].inputs[0]].quant.dtype == kind
     low = make_simulator(g, "fixedpoint", engine="ort")
     # int8 activations: the float form; an int16 layer among uint8 ones: in float within the integer operators
-    assert low.form == ("float" if dtype == "int8" else "qoperator")
+    assert low.form == ("float" if kind == "int8" else "qoperator")
     ops = [n.op_type for n in low.model.graph.node]
-    assert (ops.count("ConvInteger"), ops.count("Conv")) == \
-        {"int16": (4, 1), "int16 grouped": (0, 5), "int8": (2, 1)}[dtype]  # the first Conv: float32
+    parts = 2 * (2 if kind == "int16" else 1)  # two readers, two bytes of an int16 input
+    assert (ops.count("ConvInteger"), ops.count("MatMulInteger"), ops.count("Conv")) == \
+        {"": (parts, 0, 1), "grouped": (0, 0, 5), "pointwise": (0, parts, 1)}[readers]  # the first Conv: float32
+    if readers == "pointwise":
+        types = {n.output[0]: n.attribute[0].i for n in low.model.graph.node if n.op_type == "Cast"}
+        signed_rows = [types.get(n.input[0]) == onnx.TensorProto.INT8 for n in low.model.graph.node
+                       if n.op_type == "Reshape" and "x_rows" in n.output[0]]
+        assert len(signed_rows) == parts and set(signed_rows) == {signed}
+    if signed and not exact:  # (ONNX Runtime's u8s8 pair sums saturate on this CPU)
+        return
     info, rng = np.iinfo(x.dtype), np.random.default_rng(9)
     for codes in (x, rng.integers(info.min, info.max + 1, (3, 3, 6, 5)).astype(x.dtype)):
         feeds = {g.inputs[0]: codes}

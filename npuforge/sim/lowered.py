@@ -361,57 +361,60 @@ class _Builder(TableLowerings, LoweringBuilder):
         return out
 
     def _conv_integer(self, node, prep, xq, attrs) -> str:
-        """The exact accumulators of a Conv beyond float32's 2^24, in float64: ONNX Runtime's u8u8
-        ``ConvInteger`` (int32 sums; zero padding is the zero point) on the codes as uint8 (int8
-        codes moved up by 128 with their zero point). An int16 input c = q - zp is split into
-        bytes, c = 256 h + l (l in [0, 255], h int8), one ConvInteger each: sum w c =
-        256 sum w h + sum w l, each part within int32, combined in int64."""
+        """The exact accumulators of a Conv beyond float32's 2^24, in float64, on ONNX Runtime's
+        integer kernels (int32 sums; zero padding is the zero point): a pointwise one as
+        ``MatMulInteger`` of its weights [C_out, C_in] by the input [N, C_in, H W] (u8s8 where ONNX
+        Runtime sums those exactly, 2.5x its u8u8 ``ConvInteger`` on a 448-to-256 1x1 over 40 x 40),
+        any other as u8u8 ``ConvInteger``. The codes go in as bytes: uint8 ones as they are, int8
+        ones moved up by 128, an int16 input c = q - zp split, c = 256 h + l (l in [0, 255], h
+        int8), one product each: sum w c = 256 sum w h + sum w l, each part within int32."""
+        from .qoperator import signed_weights_exact
+
         x, pre = node.inputs[0], node.name
         zp = int(xq.zero_point)
-        w = self.const(f"{pre}::w_u8", uint8_weights(prep["w"]))
-        w_zp = self.const("w_zp128", np.uint8(128))
-
-        def conv(codes_u8: str, x_zp: int, tag: str) -> str:
-            return self.emit("ConvInteger", [codes_u8, w, self.const(f"{x}::zp_u8_{x_zp}", np.uint8(x_zp)), w_zp],
-                             f"{pre}::acc32{tag}", **attrs)
-
         if xq.dtype in ("uint8", "int8"):
             if not prep["fits_int32"]:
                 self.refuse(node, f"accumulators up to {prep['bound']} are beyond int32")
-            shift = 128 if xq.dtype == "int8" else 0
-            sums = conv(self._uint8_codes(x, zp + shift), zp + shift, "")
-            return self.emit("Cast", [sums], f"{pre}::acc64", to=TensorProto.DOUBLE)
-        if not self._int16_fits(xq):
+            parts = [(x, zp + (128 if xq.dtype == "int8" else 0), 1, "")]  # (values, code offset, weight, tag)
+        elif self._int16_fits(xq):
+            low, high = self._int16_float_bytes(x)
+            parts = [(low, 0, 1, "_low"), (high, 128, 256, "_high")]
+        else:
             self.refuse(node, f"accumulators up to {prep['bound']} are beyond float32's exact 2^24 and its input "
                               f"is {xq.dtype} (zero point {zp})")
-        parts = [self.emit("Cast", [conv(v, z, tag)], f"{pre}::acc64{tag}", to=TensorProto.INT64)
-                 for v, z, tag in zip(self._int16_bytes(x), (0, 128), ("_low", "_high"))]
-        total = self.emit("Add", [self.emit("Mul", [parts[1], self.const("int64_256", np.int64(256))],
-                                            f"{pre}::acc_high256"), parts[0]], f"{pre}::acc64i")
-        return self.emit("Cast", [total], f"{pre}::acc64", to=TensorProto.DOUBLE)
+        out_shape = self.graph.values[node.outputs[0]].shape
+        pointwise = prep["w"].shape[2:] == (1, 1) and attrs.get("group", 1) == 1 and \
+            all(v == 1 for v in attrs.get("strides", [1])) and not any(attrs.get("pads", [0])) and \
+            all(isinstance(d, int) for d in out_shape[1:])
+        signed = pointwise and signed_weights_exact()
+        w = self.const(f"{pre}::w_u8", uint8_weights(prep["w"][:, :, 0, 0] if pointwise else prep["w"]))
+        w_zp = self.const("w_zp128", np.uint8(128))
+        sums = []
+        for v, offset, k, tag in parts:
+            offset -= 128 if signed else 0  # int8 codes: in [-128, 127]
+            codes = self._codes(v, offset, signed)
+            code_zp = self.const(f"zp_{'s8' if signed else 'u8'}_{offset}", (np.int8 if signed else np.uint8)(offset))
+            if pointwise:
+                rows = self.emit("Reshape", [codes, self.const("keep_2_flatten", np.array([0, 0, -1], np.int64))],
+                                 f"{pre}::x_rows{tag}")
+                acc = self.emit("Reshape", [self.emit("MatMulInteger", [w, rows, w_zp, code_zp], f"{pre}::acc32{tag}"),
+                                            self.const(f"{pre}::out_shape", np.array([0, *out_shape[1:]], np.int64))],
+                                f"{pre}::acc32{tag}_4d")
+            else:
+                acc = self.emit("ConvInteger", [codes, w, code_zp, w_zp], f"{pre}::acc32{tag}", **attrs)
+            acc = self.emit("Cast", [acc], f"{pre}::acc64{tag}", to=TensorProto.DOUBLE)
+            sums.append(acc if k == 1 else self.emit("Mul", [acc, self.const(f"float64_{k}", np.float64(k))],
+                                                     f"{pre}::acc64{tag}{k}"))
+        return sums[0] if len(sums) == 1 else self.emit("Add", sums, f"{pre}::acc64")
 
-    def _uint8_codes(self, x: str, offset: int) -> str:
-        """``x`` (``q - zp`` in float32) plus ``offset``, as uint8 (made once per value)."""
-        out = f"{x}::u8"
+    def _codes(self, x: str, offset: int, signed: bool = False) -> str:
+        """``x`` (float32 values) plus ``offset``, as uint8 (int8 if ``signed``), made once per value."""
+        out = f"{x}::{'s8' if signed else 'u8'}{offset:+d}"
         if out not in self._made:
             self._made.add(out)
-            codes = self.emit("Add", [x, self.const(f"{x}::u8_offset", np.float32(offset))], f"{x}::codes_f")
-            self.emit("Cast", [codes], out, to=TensorProto.UINT8)
-        return out
-
-    def _int16_bytes(self, x: str) -> tuple[str, str]:
-        """``x`` (int16 ``c = q - zp`` in float32) as two uint8 tensors, c = 256 (h - 128) + l
-        -> (l, h) (made once per value)."""
-        out = (f"{x}::low_u8", f"{x}::high_u8")
-        if out[0] not in self._made:
-            self._made.add(out[0])
-            c = self.emit("Cast", [x], f"{x}::c32", to=TensorProto.INT32)
-            low = self.emit("Mod", [c, self.const("int32_256", np.int32(256))], f"{x}::low", fmod=0)  # in [0, 255]
-            high = self.emit("Div", [self.emit("Sub", [c, low], f"{x}::c_high"),
-                                     self.const("int32_256", np.int32(256))], f"{x}::high")  # exact: in [-128, 127]
-            high = self.emit("Add", [high, self.const("int32_128", np.int32(128))], f"{x}::high_u")
-            self.emit("Cast", [low], out[0], to=TensorProto.UINT8)
-            self.emit("Cast", [high], out[1], to=TensorProto.UINT8)
+            codes = self.emit("Add", [x, self.const(f"float32_{offset}", np.float32(offset))], f"{out}_f") \
+                if offset else x
+            self.emit("Cast", [codes], out, to=TensorProto.INT8 if signed else TensorProto.UINT8)
         return out
 
     def _formula(self, node, f: Formula, acc: str, lo_c, hi_c, shape, acc_double: bool = False) -> str:
