@@ -80,8 +80,9 @@ def test_lowered_simulator_is_bit_exact_on_lite0(quantized, imagenet_sample):
         assert low.form == form
         if form == "qoperator":
             convs = [how for node, how in low.lowering.items() if node.endswith(("Conv", "Gemm"))]
-            assert len(convs) == 50 and all(how.startswith("QLinearConv") for how in convs)
-            apart[graph is matched, mode] = sum(1 for how in convs if ";" in how)
+            # (more than half the channels apart: all of them on MatMulInteger, no QLinearConv)
+            assert len(convs) == 50 and all(how.startswith("QLinearConv") or "reproduces: all" in how for how in convs)
+            apart[graph is matched, mode] = sum(1 for how in convs if ";" in how or "reproduces: all" in how)
         np.testing.assert_array_equal(low.run({name: x}, dequantize=False)[out],
                                       IntegerSimulator(graph, mode).run({name: x}, dequantize=False)[out])
     # (onnx: two depthwise layers have a channel whose accumulators may leave int32)

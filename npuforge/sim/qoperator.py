@@ -243,7 +243,8 @@ class QOperatorBuilder(LoweringBuilder):
         if node.op not in ("Conv", "Gemm", "MatMul") or node.attrs.get("activation") == "LeakyRelu":
             return self._in_float(node, "no QLinearConv form")
         x, y = node.inputs[0], node.outputs[0]
-        x_zp, y_zp = self.zero_point(node, x), self.zero_point(node, y)
+        for name in (x, y):
+            self.codes(node, name)  # (uint8 per-tensor activations, or a refusal)
         prep = self.plain._prep_compute(node)
         if node.op == "MatMul" and prep["w"].ndim != 2:
             return self._in_float(node, "a MatMul by a constant of more than two dims")
@@ -266,14 +267,39 @@ class QOperatorBuilder(LoweringBuilder):
         if channels_last:
             x4 = self.emit("Reshape", [x, self.const(f"{node.name}::rows", np.int64([1, -1, 1, w.shape[1]]))],
                            f"{x}::{node.name}::rows")
-        one = self.const("unit_scale", np.float32(1))
-        w_codes, w_zp = self._weights(w, scales.shape)
-        ins = [x4, one, x_zp, self.const(f"{node.name}::w", w_codes), self.const(f"{node.name}::w_scale", scales),
-               self.const(f"{node.name}::w_zp", w_zp), one, y_zp]
-        if bias is not None:
-            ins.append(self.const(f"{node.name}::b", bias.astype(np.int32)))
         attrs = {k: v for k, v in node.attrs.items() if k not in FUSED_ATTRS and v is not None and v != []} \
             if node.op == "Conv" else {}
+        if rest.size * 2 > len(proven) and self._apart_form(node, w, attrs, channels_last) != "conv":
+            # most channels apart: all of them on the integer kernel, no QLinearConv to merge with
+            # (random-weight RepVGG: 160 of 192 channels apart, computed twice)
+            t, _ = self._rest(node, x4, w, np.arange(len(proven)), attrs, channels_last)
+            if not channels_last:  # (channels-last, [N, H, W, C])
+                t = self.emit("Transpose", [t], y, perm=[0, 3, 1, 2])
+            self.report[node.name] = f"{rest.size} of {len(proven)} channels no float32 scale reproduces: all " \
+                                     f"{self.report.pop(node.name + '::rest')}"
+        else:
+            t = self._qlinear_conv(node, x4, w, scales, bias, proven, attrs, narrow, per_channel, out)
+        if channels_last:  # [1, M, 1, N] back to [..., N]
+            lead = self.emit("Shape", [x], f"{y}::{node.name}::lead", end=-1)
+            shape = self.emit("Concat", [lead, self.const(f"{node.name}::n", np.int64([w.shape[0]]))],
+                              f"{y}::{node.name}::shape", axis=0)
+            self.emit("Reshape", [t, shape], y)
+
+    def _qlinear_conv(self, node, x4: str, w: np.ndarray, scales, bias, proven, attrs: dict, narrow: bool,
+                      per_channel: bool, out: dict) -> str:
+        """QLinearConv with the proven ``scales``, its fused activation's clip, and the channels not
+        ``proven`` computed apart and merged in; -> its output ([1, M, 1, N] for a channels-last one)."""
+        x, y = node.inputs[0], node.outputs[0]
+        channels_last = node.op != "Conv"
+        lo, hi = self.plain._prep_compute(node)["bounds"]
+        rest = np.flatnonzero(~proven)
+        one = self.const("unit_scale", np.float32(1))
+        w_codes, w_zp = self._weights(w, scales.shape)
+        ins = [x4, one, self.zero_point(node, x), self.const(f"{node.name}::w", w_codes),
+               self.const(f"{node.name}::w_scale", scales), self.const(f"{node.name}::w_zp", w_zp), one,
+               self.zero_point(node, y)]
+        if bias is not None:
+            ins.append(self.const(f"{node.name}::b", bias.astype(np.int32)))
         if channels_last:  # ONNX Runtime's channels-last QLinearConv
             t = self.emit("QLinearConv", ins, out["conv"], domain="com.microsoft", channels_last=1)
         else:
@@ -292,11 +318,7 @@ class QOperatorBuilder(LoweringBuilder):
             r, rest_last = self._rest(node, x4, w, rest, attrs, channels_last)
             t = self._merge(node, t, r, rest, len(proven), channels_last, rest_last, out["merge"])
             self.report[node.name] += f"; {rest.size} of {len(proven)} channels: {self.report.pop(node.name + '::rest')}"
-        if channels_last:  # [1, M, 1, N] back to [..., N]
-            lead = self.emit("Shape", [x], f"{y}::{node.name}::lead", end=-1)
-            shape = self.emit("Concat", [lead, self.const(f"{node.name}::n", np.int64([w.shape[0]]))],
-                              f"{y}::{node.name}::shape", axis=0)
-            self.emit("Reshape", [t, shape], y)
+        return t
 
     def _merge(self, node, t: str, r: str, rest: np.ndarray, channels: int, channels_last: bool, rest_last: bool,
                out: str) -> str:
@@ -359,13 +381,16 @@ class QOperatorBuilder(LoweringBuilder):
         prep = self.plain._prep_compute(node)
         y = node.outputs[0]
         depthwise = attrs.get("group", 1) > 1
-        pointwise = not depthwise and w.shape[2:] == (1, 1) and all(v == 1 for v in attrs.get("strides", [1])) and \
-            not any(attrs.get("pads", [0]))
+        form = self._apart_form(node, w, attrs, channels_last)
+        columns, last = form == "columns", form != "conv"  # a MatMulInteger, channels-last out
         zps = [self.zero_point(node, node.inputs[0]), self.const("w_zp128", np.uint8(128))]
-        if pointwise:  # u8s8 where exact: ONNX Runtime's MatMulInteger ran 2.2x its u8u8 ([1600, 448] x [448, 256])
-            wt, w_zp = self._weights(w[rest, :, 0, 0].T, ())
-            acc = self.emit("MatMulInteger", [x4 if channels_last else self._nhwc(x4),
-                                              self.const(f"{node.name}::rest_wt", wt), zps[0],
+        if last:  # u8s8 where exact: ONNX Runtime's MatMulInteger ran 2.2x its u8u8
+            x_last = x4 if channels_last else self._nhwc(x4)
+            if columns:
+                x_last = self._columns(node, x_last, w.shape[2:], attrs, self.graph.values[y].shape[2:], zps[0])
+            # [C_out, C_in, kh, kw] -> [(i, j, c), C_out], the columns' order
+            wt, w_zp = self._weights(w[rest].transpose(2, 3, 1, 0).reshape(-1, rest.size), ())
+            acc = self.emit("MatMulInteger", [x_last, self.const(f"{node.name}::rest_wt", wt), zps[0],
                                               self.const(f"w_zp_{w_zp.dtype}", w_zp)], f"{node.name}::rest_acc")
         else:  # u8u8 on every CPU: with int8 weights ONNX Runtime's ConvInteger ran slower (docs/benchmarks.md)
             xin = self.emit("Gather", [x4, self.const(f"{node.name}::rest_in", rest)], f"{node.name}::rest_x",
@@ -381,10 +406,47 @@ class QOperatorBuilder(LoweringBuilder):
         f32 = self._float_builder()
         part = dataclasses.replace(node, name=f"{node.name}::rest", outputs=[f"{y}::rest_f"])
         how = f32._requantize(node, channel_subset(prep, rest), accf, bias, a, b, lo, hi,
-                              [-1] if pointwise else [-1, 1, 1], np.float64 if wide else np.float32, part)
-        self.report[part.name] = ("MatMulInteger, " if pointwise else "ConvInteger, ") + how
+                              [-1] if last else [-1, 1, 1], np.float64 if wide else np.float32, part)
+        self.report[part.name] = ("MatMulInteger, " if last else "ConvInteger, ") + how
         shifted = self.emit("Add", [f"{y}::rest_f", self.const(f"{y}::zp_f", self._zero_point(y))], f"{y}::rest_fq")
-        return self.emit("Cast", [shifted], f"{y}::rest_q", to=TensorProto.UINT8), pointwise
+        return self.emit("Cast", [shifted], f"{y}::rest_q", to=TensorProto.UINT8), last
+
+    def _apart_form(self, node, w: np.ndarray, attrs: dict, channels_last: bool) -> str:
+        """How ``_rest`` computes channels apart: ``matmul`` (a pointwise kernel, or a Gemm / MatMul),
+        ``columns`` (a wider one as a matrix product of its input's columns, where ONNX Runtime's u8s8
+        kernels are exact: tv_deeplabv3's 3x3 of 960 channels over 10 x 10, 200 channels apart, took
+        2.0 ms as u8u8 ConvInteger, where QLinearConv (u8s8) took 0.6 ms for all 256) or ``conv``
+        (ConvInteger: grouped, or without exact u8s8)."""
+        depthwise = attrs.get("group", 1) > 1
+        if channels_last or not depthwise and w.shape[2:] == (1, 1) and \
+                all(v == 1 for v in attrs.get("strides", [1])) and not any(attrs.get("pads", [0])):
+            return "matmul"
+        if not depthwise and signed_weights_exact() and w.ndim == 4 and \
+                all(isinstance(d, int) for d in self.graph.values[node.outputs[0]].shape[2:]):
+            return "columns"
+        return "conv"
+
+    def _columns(self, node, x_last: str, kernel: tuple, attrs: dict, out_hw: tuple, x_zp: str) -> str:
+        """The input columns of a convolution, channels-last: ``x_last`` [N, H, W, C] padded with its
+        zero point, one strided Slice per kernel tap, joined -> [N, H_out, W_out, kh kw C] (tap-major)."""
+        (kh, kw), (ho, wo) = kernel, out_hw
+        sh, sw = attrs.get("strides", [1, 1])
+        dh, dw = attrs.get("dilations", [1, 1])
+        top, left, bottom, right = attrs.get("pads", [0, 0, 0, 0])
+        pre = f"{node.name}::rest_cols"
+        if top or left or bottom or right:
+            x_last = self.emit("Pad", [x_last, self.const(f"{pre}::pads", np.int64([0, top, left, 0, 0, bottom, right, 0])),
+                                       x_zp], f"{pre}::padded")
+        taps = []
+        for i in range(kh):
+            for j in range(kw):
+                starts = [i * dh, j * dw]
+                ends = [starts[0] + (ho - 1) * sh + 1, starts[1] + (wo - 1) * sw + 1]
+                taps.append(self.emit("Slice", [x_last, self.const(f"{pre}::{i}_{j}_start", np.int64(starts)),
+                                                self.const(f"{pre}::{i}_{j}_end", np.int64(ends)),
+                                                self.const("axes_1_2", np.int64([1, 2])),
+                                                self.const(f"{pre}::steps", np.int64([sh, sw]))], f"{pre}::{i}_{j}"))
+        return self.emit("Concat", taps, pre, axis=3)
 
     def _scales(self, node):
         """(float32 scales [C], int32 bias [C] or None, proven [C]): with unit x and y
