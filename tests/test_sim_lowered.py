@@ -1426,5 +1426,5 @@ def test_channels_apart_with_accumulators_past_2_24_run_on_integer_kernels(op):
     node = next(n for n in g.nodes if n.op == op)
     assert IntegerSimulator(g)._prep_compute(node)["ftype"] is torch.float64
     low = both(g, {g.inputs[0]: x}, "fixedpoint")["qoperator"]
-    assert re.search(r"channels(:| no float32 scale reproduces: all) MatMulInteger, float64", low.lowering[node.name]), \
-        low.lowering[node.name]
+    how = low.lowering[node.name]
+    assert re.search(r"channels(:| no float32 scale reproduces: all) MatMulInteger, float64", how), how

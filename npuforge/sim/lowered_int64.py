@@ -111,8 +111,8 @@ def layernorm(builder, node) -> str:
         c_max = n * (int(xq.qmax) - int(xq.qmin))
         # c = N q - S: |c| <= N (qmax - qmin); in the sums' float type that is exact (c's bound below its 2^24 or 2^53)
         total = builder.emit("ReduceSum", [xf, axes], f"{pre}::sum", keepdims=1)
-        c = builder.emit("Sub", [builder.emit("Mul", [xf, _float(builder, f"{pre}::n", n, exact)], f"{pre}::nq"), total],
-                         f"{pre}::c")
+        nq = builder.emit("Mul", [xf, _float(builder, f"{pre}::n", n, exact)], f"{pre}::nq")
+        c = builder.emit("Sub", [nq, total], f"{pre}::c")
         # W = N^2 var <= (N (qmax - qmin) / 2)^2 (Popoviciu), the partial sums of c^2 <= sum(c^2) = N W
         w_max = (n * (int(xq.qmax) - int(xq.qmin))) ** 2 // 4 + 1
         if exact is not None and n * w_max < FLOAT64_INTEGERS and w_max + eps_value < FLOAT64_INTEGERS:
@@ -130,8 +130,8 @@ def layernorm(builder, node) -> str:
 
             squares = reduce(builder.emit("Mul", [xf, xf], f"{pre}::q2"), "sumsq")
             total = builder.emit("Cast", [total], f"{pre}::sum_i", to=TensorProto.INT64) if exact else total
-            w = builder.emit("Sub", [builder.emit("Mul", [squares, _float(builder, f"{pre}::n", n, None)], f"{pre}::nsumsq"),
-                                     builder.emit("Mul", [total, total], f"{pre}::s2")], f"{pre}::w")
+            nsumsq = builder.emit("Mul", [squares, _float(builder, f"{pre}::n", n, None)], f"{pre}::nsumsq")
+            w = builder.emit("Sub", [nsumsq, builder.emit("Mul", [total, total], f"{pre}::s2")], f"{pre}::w")
             d = builder.emit("Add", [w, eps], f"{pre}::d")
     else:  # L2Normalize: c = q - zp, D = max(sum(c^2), E)
         squares = builder.emit("ReduceSum", [builder.emit("Mul", [xf, xf], f"{pre}::q2"), axes], f"{pre}::sumsq",

@@ -373,8 +373,9 @@ class QOperatorBuilder(LoweringBuilder):
 
     def _rest(self, node, x4: str, w: np.ndarray, rest: np.ndarray, attrs: dict, channels_last: bool = False):
         """The channels ``rest`` of a Conv (or a Gemm / MatMul, ``x4`` then already channels-last)
-        as ONNX Runtime's exact integer kernels (u8u8, like QLinearConv): ``MatMulInteger`` on the
-        channels-last input for a pointwise one, else ``ConvInteger``; their int32 sums held as
+        as ONNX Runtime's exact integer kernels (:meth:`_apart_form`): ``MatMulInteger`` on the
+        channels-last input (or its columns), with int8 weights where u8s8 is exact as for
+        QLinearConv, else u8u8 ``ConvInteger``; their int32 sums held as
         float32 (float64 past 2^24) and the float lowering's proven requantization formula (the bias
         added in float64);
         -> (their uint8 codes, whether channels-last: [N, H, W, len(rest)], else [N, len(rest), H, W])."""
@@ -435,8 +436,8 @@ class QOperatorBuilder(LoweringBuilder):
         top, left, bottom, right = attrs.get("pads", [0, 0, 0, 0])
         pre = f"{node.name}::rest_cols"
         if top or left or bottom or right:
-            x_last = self.emit("Pad", [x_last, self.const(f"{pre}::pads", np.int64([0, top, left, 0, 0, bottom, right, 0])),
-                                       x_zp], f"{pre}::padded")
+            pads = self.const(f"{pre}::pads", np.int64([0, top, left, 0, 0, bottom, right, 0]))
+            x_last = self.emit("Pad", [x_last, pads, x_zp], f"{pre}::padded")
         taps = []
         for i in range(kh):
             for j in range(kw):
