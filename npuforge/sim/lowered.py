@@ -307,8 +307,9 @@ class _Builder(TableLowerings, LoweringBuilder):
     def _accumulator(self, node, prep, bias, attrs, wide: bool, xq) -> str:
         """The exact accumulator: in float32 (every sum below 2^24), or in float64 for
         sums beyond that (below 2^53), where Gemm / MatMul run on float64 copies (ONNX
-        Runtime has them in double) and Conv as ONNX Runtime's exact u8u8
-        ``ConvInteger`` (int32 sums, uint8 activations only), cast to double."""
+        Runtime has them in double) and Conv on ONNX Runtime's exact integer kernels
+        (:meth:`_conv_integer`), a grouped one of int16 input as float32 Convs of its bytes
+        (:meth:`_conv_by_bytes`)."""
         if wide and node.op == "Conv":
             grouped = node.attrs.get("group", 1) > 1  # ConvInteger runs one GEMM per group: slow there
             if grouped and self._int16_fits(xq) and exact_float_dtype(int(prep["rows"].max(initial=0)) * 255) \
