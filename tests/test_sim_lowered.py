@@ -491,13 +491,15 @@ class Normalized(torch.nn.Module):
 @pytest.mark.parametrize("float64_u", [True, False])
 def test_layer_and_instance_norm_lowered_in_int64(mode, float64_u, monkeypatch):
     """D = sum(c^2) / N + E and c r / 2^(h + down) floored in float64 where they stay below 2^53
-    (every model here), else (bounds made huge: slices of 185,000 int16 codes would need it) D from
-    the int64 sums and c r in int64."""
+    (every model here; S and c in float32 where they stay below 2^24, the last division's result
+    cast from uint64 to float32), else (bounds made huge: slices of 185,000 int16 codes would need
+    it) D from the int64 sums and c r in int64."""
     if not float64_u:
         from npuforge.sim import lowered_int64
 
         monkeypatch.setattr(lowered_int64, "R_ABOVE_SHIFT", 1 << 40)
         monkeypatch.setattr(lowered_int64, "FLOAT64_INTEGERS", 0)
+        monkeypatch.setattr(lowered_int64, "FLOAT32_INTEGERS", 0)
     # 8-bit inputs, whatever the narrowest of the 7-element rows (int16 ones have no lowering)
     g, x = quantized_graph(Normalized(), (2, 3, 5, 7), config={"norm_spread_codes": 0})
     lows = both(g, {g.inputs[0]: x}, mode)

@@ -34,15 +34,17 @@ def _int64(builder, name: str, value) -> str:
     return builder.const(name, np.asarray(value, np.int64))
 
 
-def _store(builder, node, q64: str) -> None:
-    """int64 codes without the zero point -> the node's float32 output, clamped to its type."""
+def _store(builder, node, q64: str, in_float32: bool = False) -> None:
+    """int64 codes without the zero point (float32 ones with ``in_float32``) -> the node's float32
+    output, clamped to its type."""
     yq = builder.activation(node, node.outputs[0])
     zp = int(yq.zero_point)
-    q = builder.emit("Cast", [q64], f"{node.name}::q", to=TensorProto.FLOAT)
+    q = q64 if in_float32 else builder.emit("Cast", [q64], f"{node.name}::q", to=TensorProto.FLOAT)
     builder._clamp(node, q, np.array([yq.qmin - zp]), np.array([yq.qmax - zp]), [-1])
 
 
 FLOAT64_INTEGERS = 1 << 53  # every integer below this is a float64
+FLOAT32_INTEGERS = 1 << 24  # and a float32
 
 
 def softmax(builder, node) -> str:
@@ -107,17 +109,21 @@ def layernorm(builder, node) -> str:
         xf = builder.emit("Cast", [x], f"{pre}::q_in", to=TensorProto.INT64)  # q - zp: the zero point cancels in c
     eps_value = int(plain._int(node, "epsilon"))
     eps = _int64(builder, f"{pre}::eps", eps_value)
+    c_type = exact  # c's type
     if layernorm_rule.centred(node):
         c_max = n * (int(xq.qmax) - int(xq.qmin))
+        # W = N^2 var <= (N (qmax - qmin) / 2)^2 (Popoviciu), the partial sums of c^2 <= sum(c^2) = N W
+        w_max = c_max ** 2 // 4 + 1
+        float64_d = exact is not None and n * w_max < FLOAT64_INTEGERS and w_max + eps_value < FLOAT64_INTEGERS
+        if float64_d and n * max_abs_code(xq) < FLOAT32_INTEGERS and c_max < FLOAT32_INTEGERS:
+            c_type, xf = TensorProto.FLOAT, x  # S and c in float32, half float64's passes (deit's int16 inputs too)
         # c = N q - S: |c| <= N (qmax - qmin); in the sums' float type that is exact (c's bound below its 2^24 or 2^53)
         total = builder.emit("ReduceSum", [xf, axes], f"{pre}::sum", keepdims=1)
-        nq = builder.emit("Mul", [xf, _float(builder, f"{pre}::n", n, exact)], f"{pre}::nq")
+        nq = builder.emit("Mul", [xf, _float(builder, f"{pre}::n", n, c_type)], f"{pre}::nq")
         c = builder.emit("Sub", [nq, total], f"{pre}::c")
-        # W = N^2 var <= (N (qmax - qmin) / 2)^2 (Popoviciu), the partial sums of c^2 <= sum(c^2) = N W
-        w_max = (n * (int(xq.qmax) - int(xq.qmin))) ** 2 // 4 + 1
-        if exact is not None and n * w_max < FLOAT64_INTEGERS and w_max + eps_value < FLOAT64_INTEGERS:
+        if float64_d:
             # D = sum(c^2) / N + E, every partial sum and D integers below 2^53 in float64
-            c64 = _as_double(builder, c, exact, f"{pre}::c64")
+            c64 = _as_double(builder, c, c_type, f"{pre}::c64")
             sum_c2 = builder.emit("ReduceSum", [builder.emit("Mul", [c64, c64], f"{pre}::c2"), axes], f"{pre}::sumc2",
                                   keepdims=1)
             w = builder.emit("Div", [sum_c2, builder.const(f"{pre}::n64", np.float64(n))], f"{pre}::w")
@@ -160,7 +166,7 @@ def layernorm(builder, node) -> str:
     # exact in float64 and so is its Floor
     cr_max = max((math.isqrt(n) + 1) << 30, c_max * R_ABOVE_SHIFT)
     if exact is not None and cr_max < 1 << 53:
-        c64 = _as_double(builder, c, exact, f"{pre}::c64")
+        c64 = _as_double(builder, c, c_type, f"{pre}::c64")
         powers = builder.const(f"{pre}::pow2", np.float64(2.0) ** -(np.arange(steps + 1) + down))
         scale = builder.emit("Gather", [powers, h], f"{pre}::2_hd", axis=0)
         rs = builder.emit("Mul", [builder.emit("Cast", [r], f"{pre}::r64", to=TensorProto.DOUBLE), scale], f"{pre}::rs")
@@ -180,7 +186,8 @@ def layernorm(builder, node) -> str:
     offset = OFFSET if bound < OFFSET else 0  # the division's offset, added with the bias and the rounding's half
     b = builder.const(f"{pre}::b", plain._int(node, "bias").astype(np.int64) + ((1 << (t - 1)) + offset))
     biased = builder.emit("Add", [builder.emit("Mul", [u, g], f"{pre}::crg"), b], f"{pre}::rounded")
-    _store(builder, node, _floor_div(builder, biased, t, f"{pre}::q64", bound=bound, offset_added=bool(offset)))
+    _store(builder, node, _floor_div(builder, biased, t, f"{pre}::q64", bound=bound, offset_added=bool(offset),
+                                     float32_out=True), in_float32=True)
     return "int64 normalization"
 
 
@@ -396,14 +403,18 @@ def _round_half_away(builder, z: str, out: str) -> str:
 OFFSET = 1 << 62  # a multiple of every power of two divided by here
 
 
-def _floor_div(builder, x: str, exponent, out: str, bound: int | None = None, offset_added: bool = False) -> str:
+def _floor_div(builder, x: str, exponent, out: str, bound: int | None = None, offset_added: bool = False,
+               float32_out: bool = False) -> str:
     """floor(x / 2^k) for signed int64 x, ``exponent`` k (at most 62) an int array (constant,
     broadcast against x) or the name of an int64 tensor. ONNX's integer Div truncates. Where
     |x| <= ``bound`` < 2^62, x + 2^62 is positive and within int64: it is shifted right as
     uint64 (BitShift) and 2^(62 - k) taken off (in ONNX Runtime 113 us on [1, 40, 40, 64],
     dividing it instead 298 us); any other x takes the remainder (Mod with the divisor's sign)
     first, then divides (310 us on [1, 197, 192], where adding the offset and dividing took 104).
-    ``offset_added``: ``x`` is already ``x + 2^62`` (the caller folded it into a constant it adds)."""
+    ``offset_added``: ``x`` is already ``x + 2^62`` (the caller folded it into a constant it adds).
+    ``float32_out``: the result in float32 (its codes' range); where the shifted ``floor(x / 2^k) +
+    2^(62 - k)`` stays below 2^24 it is cast from uint64 and the offset taken off in float32, one
+    int64 pass fewer."""
     computed = isinstance(exponent, str)
     if computed:
         k = builder.emit("Cast", [exponent], f"{out}::k", to=TensorProto.UINT64)
@@ -416,22 +427,33 @@ def _floor_div(builder, x: str, exponent, out: str, bound: int | None = None, of
         shifted_up = x if offset_added else \
             builder.emit("Add", [x, _int64(builder, "int64_2_62", OFFSET)], f"{out}::off")
         unsigned = builder.emit("Cast", [shifted_up], f"{out}::off_u", to=TensorProto.UINT64)
-        shifted = builder.emit("Cast", [builder.emit("BitShift", [unsigned, k], f"{out}::off_s", direction="RIGHT")],
-                               f"{out}::off_q", to=TensorProto.INT64)
+        shifted_u = builder.emit("BitShift", [unsigned, k], f"{out}::off_s", direction="RIGHT")
+        if float32_out and not computed and \
+                (bound >> int(exponent.min())) + 1 + (OFFSET >> int(exponent.min())) < FLOAT32_INTEGERS:
+            shifted = builder.emit("Cast", [shifted_u], f"{out}::off_f", to=TensorProto.FLOAT)
+            return builder.emit("Sub", [shifted, builder.const(f"{out}::offd_f", (OFFSET >> exponent).astype(np.float32))],
+                                out)
+        shifted = builder.emit("Cast", [shifted_u], f"{out}::off_q", to=TensorProto.INT64)
         if computed:
             taken = builder.emit("Cast", [builder.emit("BitShift", [builder.const("uint64_2_62", np.uint64(OFFSET)), k],
                                                        f"{out}::offd_u", direction="RIGHT")],
                                  f"{out}::offd", to=TensorProto.INT64)
         else:
             taken = _int64(builder, f"{out}::offd", OFFSET >> exponent)
-        return builder.emit("Sub", [shifted, taken], out)
+        return _as_float32(builder, builder.emit("Sub", [shifted, taken], f"{out}::i" if float32_out else out), out,
+                           float32_out)
     if computed:
         power = builder.emit("Cast", [builder.emit("BitShift", [builder.const("uint64_one", np.uint64(1)), k],
                                                    f"{out}::pow_u", direction="LEFT")], f"{out}::pow", to=TensorProto.INT64)
     else:
         power = _int64(builder, f"{out}::pow", np.left_shift(np.int64(1), exponent))
     exact = builder.emit("Sub", [x, builder.emit("Mod", [x, power], f"{out}::rem", fmod=0)], f"{out}::exact")
-    return builder.emit("Div", [exact, power], out)
+    return _as_float32(builder, builder.emit("Div", [exact, power], f"{out}::i" if float32_out else out), out,
+                       float32_out)
+
+
+def _as_float32(builder, x64: str, out: str, cast: bool) -> str:
+    return builder.emit("Cast", [x64], out, to=TensorProto.FLOAT) if cast else x64
 
 
 ISQRT_BELOW = 2.0**-20  # above the float64 estimate's error on r < 2^31 (3 2^-23) plus the Sub's rounding (2^-22)
