@@ -10,7 +10,7 @@ two) below 2^53, whatever the order of the sums, else in ONNX Runtime's int64 ar
 whose products stay below 2^62 by the rules' own bounds. ``Div`` of non-negative int64 values
 is floor division; a floor division by 2^t of a signed value is ``(a + 2^62) >> t`` as uint64
 less ``2^(62 - t)`` where the value's bound allows, else ``(a - Mod(a, 2^t)) / 2^t``; the
-integer square root is a float64 estimate corrected by one step each way.
+integer square root is a float64 estimate biased below, corrected by one step upward.
 
 Each function takes the builder (its ``emit``, ``const``, ``activation``, ``plain``)
 and the node, emits into the node's output (values ``q - zp`` in float32, as the
@@ -101,22 +101,25 @@ def layernorm(builder, node) -> str:
     # 2^53), whatever the order ONNX Runtime adds in: its float ReduceSum is vectorized, int64's not
     squares_max = n * max_abs_code(xq) ** 2
     exact = TensorProto.FLOAT if squares_max < 1 << 24 else TensorProto.DOUBLE if squares_max < 1 << 53 else None
-    if exact == TensorProto.FLOAT:
+    eps_value = int(plain._int(node, "epsilon"))
+    eps = _int64(builder, f"{pre}::eps", eps_value)
+    centred = layernorm_rule.centred(node)
+    c_max = n * (int(xq.qmax) - int(xq.qmin)) if centred else max_abs_code(xq)
+    # W = N^2 var <= (N (qmax - qmin) / 2)^2 (Popoviciu), the partial sums of c^2 <= sum(c^2) = N W
+    w_max = c_max ** 2 // 4 + 1
+    float64_d = centred and exact is not None and n * w_max < FLOAT64_INTEGERS and \
+        w_max + eps_value < FLOAT64_INTEGERS
+    # c's type: S and c in float32 where they stay below 2^24 (deit's int16 inputs too), half float64's passes
+    c_type = exact
+    if float64_d and n * max_abs_code(xq) < FLOAT32_INTEGERS and c_max < FLOAT32_INTEGERS:
+        c_type = TensorProto.FLOAT
+    if c_type == TensorProto.FLOAT:
         xf = x  # q - zp in float32 already
-    elif exact == TensorProto.DOUBLE:
+    elif c_type == TensorProto.DOUBLE:
         xf = builder.emit("Cast", [x], f"{pre}::x64", to=TensorProto.DOUBLE)
     else:
         xf = builder.emit("Cast", [x], f"{pre}::q_in", to=TensorProto.INT64)  # q - zp: the zero point cancels in c
-    eps_value = int(plain._int(node, "epsilon"))
-    eps = _int64(builder, f"{pre}::eps", eps_value)
-    c_type = exact  # c's type
-    if layernorm_rule.centred(node):
-        c_max = n * (int(xq.qmax) - int(xq.qmin))
-        # W = N^2 var <= (N (qmax - qmin) / 2)^2 (Popoviciu), the partial sums of c^2 <= sum(c^2) = N W
-        w_max = c_max ** 2 // 4 + 1
-        float64_d = exact is not None and n * w_max < FLOAT64_INTEGERS and w_max + eps_value < FLOAT64_INTEGERS
-        if float64_d and n * max_abs_code(xq) < FLOAT32_INTEGERS and c_max < FLOAT32_INTEGERS:
-            c_type, xf = TensorProto.FLOAT, x  # S and c in float32, half float64's passes (deit's int16 inputs too)
+    if centred:
         # c = N q - S: |c| <= N (qmax - qmin); in the sums' float type that is exact (c's bound below its 2^24 or 2^53)
         total = builder.emit("ReduceSum", [xf, axes], f"{pre}::sum", keepdims=1)
         nq = builder.emit("Mul", [xf, _float(builder, f"{pre}::n", n, c_type)], f"{pre}::nq")
@@ -144,7 +147,6 @@ def layernorm(builder, node) -> str:
                                keepdims=1)
         squares = builder.emit("Cast", [squares], f"{pre}::sumsq_i", to=TensorProto.INT64) if exact else squares
         c, d = xf, builder.emit("Max", [squares, eps], f"{pre}::d")
-        c_max = max_abs_code(xq)
     # h = #{j: d >= 2^(21 + 2j)}: d against the limits on its last axis where that is a normalized one (size 1),
     # else on a new one; d // 4^h by a table of powers
     steps = len(layernorm_rule.SHIFT_LIMITS)
@@ -432,8 +434,8 @@ def _floor_div(builder, x: str, exponent, out: str, bound: int | None = None, of
         if float32_out and not computed and \
                 (bound >> int(exponent.min())) + 1 + (OFFSET >> int(exponent.min())) < FLOAT32_INTEGERS:
             shifted = builder.emit("Cast", [shifted_u], f"{out}::off_f", to=TensorProto.FLOAT)
-            return builder.emit("Sub", [shifted, builder.const(f"{out}::offd_f", (OFFSET >> exponent).astype(np.float32))],
-                                out)
+            taken = builder.const(f"{out}::offd_f", (OFFSET >> exponent).astype(np.float32))
+            return builder.emit("Sub", [shifted, taken], out)
         shifted = builder.emit("Cast", [shifted_u], f"{out}::off_q", to=TensorProto.INT64)
         if computed:
             taken = builder.emit("Cast", [builder.emit("BitShift", [builder.const("uint64_2_62", np.uint64(OFFSET)), k],
