@@ -67,7 +67,7 @@ from .integer import IntegerSimulator, dequantize_output, quantize_input
 from . import lowered_int64 as int64_rules
 from .lowered_tables import TableLowerings
 from .split import split_simulator
-from .lowering_base import LoweringBuilder, channel_ranges
+from .lowering_base import LoweringBuilder, channel_ranges, pointwise_conv
 from .monotone_fit import Formula, fit
 
 ENGINES = ("auto", "ort", "plain", "fast")
@@ -384,9 +384,7 @@ class _Builder(TableLowerings, LoweringBuilder):
             self.refuse(node, f"accumulators up to {prep['bound']} are beyond float32's exact 2^24 and its input "
                               f"is {xq.dtype} (zero point {zp})")
         out_shape = self.graph.values[node.outputs[0]].shape
-        pointwise = prep["w"].shape[2:] == (1, 1) and attrs.get("group", 1) == 1 and \
-            all(v == 1 for v in attrs.get("strides", [1])) and not any(attrs.get("pads", [0])) and \
-            all(isinstance(d, int) for d in out_shape[1:])
+        pointwise = pointwise_conv(prep["w"].shape, attrs) and all(isinstance(d, int) for d in out_shape[1:])
         signed = pointwise and signed_weights_exact()
         w = self.const(f"{pre}::w_u8", uint8_weights(prep["w"][:, :, 0, 0] if pointwise else prep["w"]))
         w_zp = self.const("w_zp128", np.uint8(128))

@@ -47,6 +47,13 @@ def runs_in_float(graph, node, kind) -> bool:
                             graph.values[node.inputs[0]].quant is None)
 
 
+def pointwise_conv(weight_shape: tuple, attrs: dict) -> bool:
+    """Whether a Conv is a plain 1x1 one (not grouped, stride 1, no padding): a matrix product of
+    its weights and its input's pixels."""
+    return tuple(weight_shape[2:]) == (1, 1) and attrs.get("group", 1) == 1 and \
+        all(v == 1 for v in attrs.get("strides", [1])) and not any(attrs.get("pads", [0]))
+
+
 class LoweringBuilder:
     """Subclasses set ``ELEM_TYPE`` (the ONNX type of the graph's inputs and outputs),
     ``SUFFIX`` (of the graph name), ``DOMAINS`` (extra opset domains), implement

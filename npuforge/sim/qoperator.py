@@ -53,7 +53,7 @@ from ..quant.requant import multiplier_value
 from . import qlinear_add
 from .lowered import _Builder, channel_subset, matmul_rule, requant_rule, uint8_weights
 from .int_ops import NP_INT, max_abs_code, value_code
-from .lowering_base import LoweringBuilder, channel_ranges, runs_in_float
+from .lowering_base import LoweringBuilder, channel_ranges, pointwise_conv, runs_in_float
 from .monotone_fit import Formula, fit_channels, float32_nudged, verify
 
 SCATTER_FRACTION = 16  # at most one channel in 16 apart: merged by a scatter (see _merge)
@@ -248,8 +248,6 @@ class QOperatorBuilder(LoweringBuilder):
         prep = self.plain._prep_compute(node)
         if node.op == "MatMul" and prep["w"].ndim != 2:
             return self._in_float(node, "a MatMul by a constant of more than two dims")
-        lo, hi = prep["bounds"]
-        per_channel = not (isinstance(lo, int) and isinstance(hi, int))  # an equalized model's fused Relu6
         scales, bias, proven = self._scales(node)
         rest = np.flatnonzero(~proven)
         group = node.attrs.get("group", 1) if node.op == "Conv" else 1
@@ -260,9 +258,6 @@ class QOperatorBuilder(LoweringBuilder):
             return self._in_float(node, "a grouped convolution with channels no float32 scale reproduces")
         if rest.size and prep["ftype"] is not torch.float32 and prep["bound"] >= 2**31:
             return self._in_float(node, "channels no float32 scale reproduces, with accumulators beyond int32")
-        narrow = per_channel or (lo, hi) != (self.codes(node, y).qmin, self.codes(node, y).qmax)
-        stages = ["conv"] + ["clip"] * narrow + ["merge"] * bool(rest.size) + ["reshape"] * channels_last
-        out = {stage: (y if stage == stages[-1] else f"{y}::{stage}") for stage in stages}
         x4 = x
         if channels_last:
             x4 = self.emit("Reshape", [x, self.const(f"{node.name}::rows", np.int64([1, -1, 1, w.shape[1]]))],
@@ -278,21 +273,24 @@ class QOperatorBuilder(LoweringBuilder):
             self.report[node.name] = f"{rest.size} of {len(proven)} channels no float32 scale reproduces: all " \
                                      f"{self.report.pop(node.name + '::rest')}"
         else:
-            t = self._qlinear_conv(node, x4, w, scales, bias, proven, attrs, narrow, per_channel, out)
+            t = self._qlinear_conv(node, x4, w, scales, bias, proven, attrs)
         if channels_last:  # [1, M, 1, N] back to [..., N]
             lead = self.emit("Shape", [x], f"{y}::{node.name}::lead", end=-1)
             shape = self.emit("Concat", [lead, self.const(f"{node.name}::n", np.int64([w.shape[0]]))],
                               f"{y}::{node.name}::shape", axis=0)
             self.emit("Reshape", [t, shape], y)
 
-    def _qlinear_conv(self, node, x4: str, w: np.ndarray, scales, bias, proven, attrs: dict, narrow: bool,
-                      per_channel: bool, out: dict) -> str:
+    def _qlinear_conv(self, node, x4: str, w: np.ndarray, scales, bias, proven, attrs: dict) -> str:
         """QLinearConv with the proven ``scales``, its fused activation's clip, and the channels not
         ``proven`` computed apart and merged in; -> its output ([1, M, 1, N] for a channels-last one)."""
         x, y = node.inputs[0], node.outputs[0]
         channels_last = node.op != "Conv"
         lo, hi = self.plain._prep_compute(node)["bounds"]
         rest = np.flatnonzero(~proven)
+        per_channel = not (isinstance(lo, int) and isinstance(hi, int))  # an equalized model's fused Relu6
+        narrow = per_channel or (lo, hi) != (self.codes(node, y).qmin, self.codes(node, y).qmax)
+        stages = ["conv"] + ["clip"] * narrow + ["merge"] * bool(rest.size) + ["reshape"] * channels_last
+        out = {stage: (y if stage == stages[-1] else f"{y}::{stage}") for stage in stages}
         one = self.const("unit_scale", np.float32(1))
         w_codes, w_zp = self._weights(w, scales.shape)
         ins = [x4, one, self.zero_point(node, x), self.const(f"{node.name}::w", w_codes),
@@ -384,19 +382,20 @@ class QOperatorBuilder(LoweringBuilder):
         depthwise = attrs.get("group", 1) > 1
         form = self._apart_form(node, w, attrs, channels_last)
         columns, last = form == "columns", form != "conv"  # a MatMulInteger, channels-last out
-        zps = [self.zero_point(node, node.inputs[0]), self.const("w_zp128", np.uint8(128))]
+        x_zp = self.zero_point(node, node.inputs[0])
         if last:  # u8s8 where exact: ONNX Runtime's MatMulInteger ran 2.2x its u8u8
             x_last = x4 if channels_last else self._nhwc(x4)
             if columns:
-                x_last = self._columns(node, x_last, w.shape[2:], attrs, self.graph.values[y].shape[2:], zps[0])
+                x_last = self._columns(node, x_last, w.shape[2:], attrs, self.graph.values[y].shape[2:], x_zp)
             # [C_out, C_in, kh, kw] -> [(i, j, c), C_out], the columns' order
             wt, w_zp = self._weights(w[rest].transpose(2, 3, 1, 0).reshape(-1, rest.size), ())
-            acc = self.emit("MatMulInteger", [x_last, self.const(f"{node.name}::rest_wt", wt), zps[0],
+            acc = self.emit("MatMulInteger", [x_last, self.const(f"{node.name}::rest_wt", wt), x_zp,
                                               self.const(f"w_zp_{w_zp.dtype}", w_zp)], f"{node.name}::rest_acc")
         else:  # u8u8 on every CPU: with int8 weights ONNX Runtime's ConvInteger ran slower (docs/benchmarks.md)
             xin = self.emit("Gather", [x4, self.const(f"{node.name}::rest_in", rest)], f"{node.name}::rest_x",
                             axis=1) if depthwise else x4
-            acc = self.emit("ConvInteger", [xin, self.const(f"{node.name}::rest_w", uint8_weights(w[rest])), *zps],
+            acc = self.emit("ConvInteger", [xin, self.const(f"{node.name}::rest_w", uint8_weights(w[rest])), x_zp,
+                                            self.const("w_zp128", np.uint8(128))],
                             f"{node.name}::rest_acc", **{**attrs, **({"group": int(rest.size)} if depthwise else {})})
         # int32 sums: float32 holds them exactly below 2^24, float64 always
         wide = prep["ftype"] is not torch.float32
@@ -418,11 +417,9 @@ class QOperatorBuilder(LoweringBuilder):
         kernels are exact: tv_deeplabv3's 3x3 of 960 channels over 10 x 10, 200 channels apart, took
         2.0 ms as u8u8 ConvInteger, where QLinearConv (u8s8) took 0.6 ms for all 256) or ``conv``
         (ConvInteger: grouped, or without exact u8s8)."""
-        depthwise = attrs.get("group", 1) > 1
-        if channels_last or not depthwise and w.shape[2:] == (1, 1) and \
-                all(v == 1 for v in attrs.get("strides", [1])) and not any(attrs.get("pads", [0])):
+        if channels_last or pointwise_conv(w.shape, attrs):
             return "matmul"
-        if not depthwise and signed_weights_exact() and w.ndim == 4 and \
+        if attrs.get("group", 1) == 1 and signed_weights_exact() and w.ndim == 4 and \
                 all(isinstance(d, int) for d in self.graph.values[node.outputs[0]].shape[2:]):
             return "columns"
         return "conv"
