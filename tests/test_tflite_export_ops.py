@@ -87,6 +87,75 @@ def test_batch_matmul_of_two_activations(seed):
     assert "BATCH_MATMUL" in op_names(model)
 
 
+def _with_scales(q, node, kind: str, scales: dict, config: QuantConfig = TARGET):
+    """``q`` with the int8 scales and zero points of ``scales`` set on ``node``'s values, its
+    multipliers derived again by the quantizer (as from a calibration that found them)."""
+    from npuforge.quant.quantize import _quantize_node
+
+    for name, (s, z) in scales.items():
+        p = q.values[name].quant
+        p.dtype, p.scale, p.zero_point = "int8", np.array(s, np.float32), np.array(z, np.int32)
+    _quantize_node(q, node, kind, config, [])
+
+
+def test_batch_matmul_multiplier_is_litert_s():
+    """LiteRT's BATCH_MATMUL derives its multiplier from the float32 product of the input scales,
+    divided in double (kernel_util's GetQuantizedConvolutionMultipler): 1751095165 on GCViT's attention
+    scales, where the float64 product gives 1751095089. An accumulator of 39871 then gives 55 in
+    LiteRT (its doubling high multiply lands on 32511.5) and 54 with the float64 multiplier."""
+    q, _ = exported(Lambda(lambda x, y: x @ y), [(1, 1, 2), (1, 2, 1)])
+    node = next(n for n in q.nodes if n.op == "MatMul")
+    a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    _with_scales(q, node, "matmul", {a: (0.0033882095012813807, -114), b: (0.021494735032320023, -1),
+                                     y: (0.045729078352451324, -9)})
+    assert int(q.values[node.quant["multiplier"]].data[0]) == 1751095165
+    it, sim = interpreter(to_tflite(q)), IntegerSimulator(q)
+    tie = [np.array([[[127, 79]]], np.int8), np.array([[[126], [47]]], np.int8)]  # (127+114)126+1) + (79+114)(47+1)
+    rng = np.random.default_rng(0)
+    for codes in [tie] + [[rng.integers(-128, 128, (1, 1, 2)).astype(np.int8),
+                           rng.integers(-128, 128, (1, 2, 1)).astype(np.int8)] for _ in range(200)]:
+        ours = sim.run({a: codes[0], b: codes[1]}, dequantize=False)[y]
+        np.testing.assert_array_equal(run_litert(it, codes)[0], ours, err_msg=str(codes))
+    assert int(sim.run({a: tie[0], b: tie[1]}, dequantize=False)[y].item()) == 55
+
+
+def test_per_tensor_fully_connected_multiplier_is_litert_s():
+    """A FULLY_CONNECTED with one weight scale does not take BATCH_MATMUL's multiplier: LiteRT 2.3
+    multiplies the input and weight scales in double. On output scales where the float32 product's
+    multiplier differs, an accumulator where their single roundings differ (weights 127 and 1 reach
+    every one) gives the double product's result, in LiteRT and in the simulator."""
+    from npuforge.quant.requant import quantize_multiplier, tflite_product_multiplier
+
+    config = QuantConfig(target="tflite", granularity="per-tensor", weight_method="minmax")
+    linear = nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.tensor([[1.0, 1.0 / 127]]))
+    q, _ = exported(linear, [(1, 2)], config=config)
+    node = next(n for n in q.nodes if n.op in ("Gemm", "MatMul"))
+    x, y = node.inputs[0], node.outputs[0]
+    rng = np.random.default_rng(0)
+    acc = np.arange(-16000, 16001, dtype=np.int64)  # 127 hi + lo, both int8
+    for _ in range(1000):  # output scales until the two multipliers round some accumulator apart
+        s_x, s_y = 0.02, float(np.float32(rng.uniform(0.01, 0.05)))
+        _with_scales(q, node, "compute", {x: (s_x, 0), y: (s_y, 0)}, config)
+        s_w = q.values[node.inputs[1]].quant.scale
+        (m32, m64), (shift, _) = quantize_multiplier(np.concatenate([
+            np.atleast_1d(tflite_product_multiplier(s_x, s_w, s_y)),
+            np.atleast_1d(np.float64(np.float32(s_x)) * np.float64(s_w) / np.float64(s_y))]))
+        once = [(acc * int(m) + (1 << (30 - int(shift)))) >> (31 - int(shift)) for m in (m32, m64)]
+        apart = acc[once[0] != once[1]]
+        if apart.size:
+            break
+    assert apart.size and int(q.values[node.quant["multiplier"]].data.reshape(-1)[0]) == int(m64)
+    it, sim = interpreter(to_tflite(q)), IntegerSimulator(q)
+    for a in apart[:20]:
+        hi = int(np.clip(np.round(a / 127), -128, 127))
+        codes = np.array([[hi, int(a) - 127 * hi]], np.int8)
+        assert int(codes[0, 0]) * 127 + int(codes[0, 1]) == a
+        np.testing.assert_array_equal(run_litert(it, [codes])[0], sim.run({x: codes}, dequantize=False)[y],
+                                      err_msg=f"accumulator {a}")
+
+
 @pytest.mark.parametrize("shape", [(1, 5, 16), (1, 3, 4, 16), (2, 7, 16)])
 def test_matmul_by_a_constant_is_fully_connected_keeping_leading_dims(shape):
     _, model = assert_bit_exact(nn.Linear(16, 6), [shape])

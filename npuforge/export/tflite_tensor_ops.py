@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..quant.requant import tflite_product_multiplier
 from .tflite_layout import NCHW_TO_NHWC, file_axis, refuse, same_order
 
 
@@ -34,12 +35,13 @@ def write_in_ir_order(ex, y: str, make) -> None:
 
 def batch_matmul(ex, node) -> None:
     """MatMul of two activations: BATCH_MATMUL on the IR's order (sum of ``a' * b'``, one
-    requantization by ``s_a * s_b / s_y`` rounded twice, as the simulator's matmul kind)."""
+    requantization by ``s_a * s_b / s_y`` (the product in float32, as LiteRT's) rounded twice, as the
+    simulator's matmul kind)."""
     a, b = node.inputs[:2]
     qa, qb, qy = ex.qp(a), ex.qp(b), ex.qp(node.outputs[0])
     if "multiplier" not in node.quant:
         refuse(node, "it has no integer multiplier (it was kept in float)")
-    ex.check_multiplier(node, "", np.float64(qa.scale) * np.float64(qb.scale) / np.float64(qy.scale))
+    ex.check_multiplier(node, "", tflite_product_multiplier(qa.scale, qb.scale, qy.scale))
     if min(len(ex.dims(a)), len(ex.dims(b))) < 2:
         refuse(node, "BATCH_MATMUL multiplies matrices (rank 2 or more)")
     lhs, rhs = ex.ir_shaped(a), ex.ir_shaped(b)

@@ -39,7 +39,7 @@ from .norm_spread import narrow_norms, slices_of
 from .params import QParams, QRANGES, from_range, weight_params
 from .ort_multipliers import match_multipliers
 from .requant import (TFLITE_ADD_LEFT_SHIFT, activation_code_bounds, requant_multiplier, tflite_add_multipliers,
-                      tflite_mean_multiplier, tflite_mul_multiplier)
+                      tflite_mean_multiplier, tflite_mul_multiplier, tflite_product_multiplier)
 from .tflite_16x8 import ADD_LEFT_SHIFT_16, add_multipliers_16, multiplier_16x8, writable_groups
 from .tflite_rewrites import decompose_for_tflite, split_fused_leaky_relu
 from .tflite_softmax import widen_small_steps
@@ -346,8 +346,9 @@ def _quantize_node(graph, node, kind: str, config: QuantConfig, widened: list) -
     if kind == "compute":
         _quantize_compute(graph, node, config, widened)
     elif kind == "matmul":
-        _requant(graph, node, "", np.float64(ins[0].scale) * np.float64(ins[1].scale) / np.float64(out.scale),
-                 config)
+        _requant(graph, node, "", tflite_product_multiplier(ins[0].scale, ins[1].scale, out.scale)
+                 if config.tflite_multipliers else
+                 np.float64(ins[0].scale) * np.float64(ins[1].scale) / np.float64(out.scale), config)
     elif kind == "elementwise":
         for k, name in enumerate(node.inputs):
             v = graph.values[name]

@@ -87,6 +87,18 @@ def tflite_mul_multiplier(s0, s1, s_out) -> np.float64:
     return np.float64(np.float32(s0 * s1) / s_out)
 
 
+def tflite_product_multiplier(s_in, s_w, s_out) -> np.float64:
+    """The real multiplier of TFLite's int8 BATCH_MATMUL (kernel_util's GetQuantizedConvolutionMultipler):
+    the product of the two input scales in float32, widened to double, then divided by the output
+    scale in double. CONV_2D and FULLY_CONNECTED multiply in double, FULLY_CONNECTED with one weight
+    scale too (LiteRT 2.3, tests/test_tflite_export_ops.py). LiteRT's reference
+    BATCH_MATMUL gave 55 where the float64 multiplier gives 54: an accumulator of 39871 at a multiplier
+    of 1751095089 against LiteRT's 1751095165, shift -9, whose doubling high multiply lands on 32511.5
+    (GCViT's attention, scales 0.0033882095, 0.021494735 and 0.045729078)."""
+    s_in, s_w, s_out = (np.float32(s) for s in (s_in, s_w, s_out))
+    return np.float64(s_in * s_w) / np.float64(s_out)
+
+
 def tflite_mean_multiplier(real, count: int) -> tuple[np.ndarray, np.ndarray]:
     """TFLite's integer MEAN over ``count`` elements: the stored multiplier of ``real``
     (``s_x / s_y``) with 1/count folded in by an integer division, after a left shift of
