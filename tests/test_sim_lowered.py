@@ -533,7 +533,7 @@ class ChannelNormalized(torch.nn.Module):
 
 class Attention(torch.nn.Module):
     """Q K^T and its softmax times V: MatMuls of two activations, inner dimensions 8 and 6
-    (float32 accumulators) and, with ``wide``, 1100 (past 2^24 even at zero points near 128: float64)."""
+    (float32 accumulators) and, with ``wide``, 1100 (past 2^24 even at zero points near 128)."""
 
     def __init__(self, wide: bool = False):
         super().__init__()
@@ -546,13 +546,19 @@ class Attention(torch.nn.Module):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_matmul_of_two_activations_is_lowered(mode):
-    for wide in (False, True):
-        g, x = quantized_graph(Attention(wide), (2, 6, 4))
-        lows = both(g, {g.inputs[0]: x}, mode)
-        how = [v for v in lows["float"].lowering.values() if v.startswith("matmul of activations")]
-        products = sorted("float64 product" in v for v in how)
-        assert products == ([False, False] if not wide else [False, True]), how  # attention x V: K = 6
+@pytest.mark.parametrize("wide", [None, "int32", "float64"])
+def test_matmul_of_two_activations_is_lowered(mode, wide, monkeypatch):
+    """Accumulators past float32's 2^24 as exact int32 sums of the codes' bytes (u8u8 MatMulInteger),
+    or (where the codes are not bytes: made so here) in float64."""
+    if wide == "float64":
+        from npuforge.sim import lowered
+
+        monkeypatch.setattr(lowered, "BYTE_CODES", ())
+    g, x = quantized_graph(Attention(wide is not None), (2, 6, 4))
+    lows = both(g, {g.inputs[0]: x}, mode)
+    how = [v for v in lows["float"].lowering.values() if v.startswith("matmul of activations")]
+    assert sorted(v.split(", ")[1] for v in how) == ["float32 product", f"{wide or 'float32'} product"], how
+    if wide is None:
         # the qoperator form: QLinearMatMul, its u8u8 product exact, its float32 scale proven
         matmuls = [n.name for n in g.nodes if n.op == "MatMul" and not g.values[n.inputs[1]].is_const]
         assert [lows["qoperator"].lowering[n] for n in matmuls] == ["QLinearMatMul (its float32 scale proven on "
@@ -602,19 +608,28 @@ def test_add_of_a_large_constant_is_lowered_by_its_distinct_codes(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("form", ["float64", "int64"])
+@pytest.mark.parametrize("form", ["float64", "int64", "float64 row tables"])
 def test_softmax_lowered_exactly(mode, form, monkeypatch):
-    """In float64 where the rule's numerator stays below 2^53, else (the bound made 0 here) in int64."""
+    """In float64 where the rule's numerator stays below 2^53, else (the bound made 0 here) in int64;
+    rows of 2 L entries or more on the last axis (L = 256 input codes) as a table of outputs per row
+    (the threshold lowered to 1 L here, so rows of 400 take it too)."""
     from npuforge.sim import lowered_int64
 
     if form == "int64":
         monkeypatch.setattr(lowered_int64, "FLOAT64_INTEGERS", 0)
-    for axis, rows in ((-1, 12), (1, 12), (-1, 1200)):
+    if form == "float64 row tables":
+        monkeypatch.setattr(lowered_int64, "ROW_TABLE_MIN", 1)
+    lowered = []
+    for axis, rows in ((-1, 12), (1, 12), (-1, 1200), (-2, 1200), (-1, 1800)):
         g, x = quantized_graph(torch.nn.Sequential(torch.nn.Linear(8, rows), torch.nn.Unflatten(1, (3, rows // 3)),
                                                    torch.nn.Softmax(axis)), (2, 8))
         x = np.concatenate([x, np.random.default_rng(rows).standard_normal((64, 8)).astype(x.dtype) * 3])
-        lows = both(g, {g.inputs[0]: x}, mode)
-        assert f"{form} softmax" in lows["float"].lowering.values()
+        lowered += both(g, {g.inputs[0]: x}, mode)["float"].lowering.values()
+    want = {"float64": ["float64 softmax", "float64 softmax, a table per row"], "int64": ["int64 softmax"],
+            "float64 row tables": ["float64 softmax", "float64 softmax, a table per row"]}[form]
+    assert all(w in lowered for w in want), lowered
+    if form == "float64 row tables":  # rows of 400 and 600 on the last axis; 4 on it, and the others not
+        assert lowered.count("float64 softmax, a table per row") == 2
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -78,6 +78,7 @@ MOVERS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity",
           "ReverseSequence", "GatherElements", "GatherND", "GlobalMaxPool", "ReduceMax", "ReduceMin"}
 # ORT's optimizers that would fold a constant Mul / Add after a Conv into its (integer) weights
 DISABLED_OPTIMIZERS = ["ConvAddFusion", "ConvMulFusion"]
+BYTE_CODES = ("uint8", "int8")  # activations whose codes MatMulInteger takes as bytes
 
 
 def requant_candidates(rounding: str, m: np.ndarray | None, scale: np.ndarray | None, shift: np.ndarray | None,
@@ -470,10 +471,19 @@ class _Builder(TableLowerings, LoweringBuilder):
             self.refuse(node, f"accumulators up to {bound} are beyond float64's exact 2^53")
         wide = ftype is torch.float64
         a, b = node.inputs[:2]
-        if wide:
-            a, b = (self.emit("Cast", [v], f"{node.name}::{v}64", to=TensorProto.DOUBLE) for v in (a, b))
-        acc = self.emit("MatMul", [a, b], f"{node.name}::acc{'64' if wide else ''}")
-        product = "float64" if wide else "float32"
+        if wide and bound < 1 << 31 and aq.dtype in BYTE_CODES and bq.dtype in BYTE_CODES:
+            # long rows (attention over many tokens): exact int32 sums on ONNX Runtime's u8u8 MatMulInteger of
+            # the codes as bytes, not two float64 copies and a float64 MatMul (pit_ti's 730-token attention)
+            offsets = [int(q.zero_point) + (128 if q.dtype == "int8" else 0) for q in (aq, bq)]
+            acc = self.emit("MatMulInteger", [self._codes(a, offsets[0]), self._codes(b, offsets[1]),
+                                              *(self.const(f"zp_u8_{o}", np.uint8(o)) for o in offsets)],
+                            f"{node.name}::acc_i32")
+            acc, product = self.emit("Cast", [acc], f"{node.name}::acc64", to=TensorProto.DOUBLE), "int32"
+        else:
+            if wide:
+                a, b = (self.emit("Cast", [v], f"{node.name}::{v}64", to=TensorProto.DOUBLE) for v in (a, b))
+            acc = self.emit("MatMul", [a, b], f"{node.name}::acc{'64' if wide else ''}")
+            product = "float64" if wide else "float32"
         if wide and plain.rounding == "onnx":  # ONNX's rule starts from float32(acc): that rounding is its own
             acc, wide = self.emit("Cast", [acc], f"{node.name}::acc32", to=TensorProto.FLOAT), False
         prep = matmul_rule(plain, node, aq, bq, yq)
