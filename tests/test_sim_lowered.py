@@ -611,8 +611,8 @@ def test_add_of_a_large_constant_is_lowered_by_its_distinct_codes(mode):
 @pytest.mark.parametrize("form", ["float64", "int64", "float64 row tables"])
 def test_softmax_lowered_exactly(mode, form, monkeypatch):
     """In float64 where the rule's numerator stays below 2^53, else (the bound made 0 here) in int64;
-    rows of 2 L entries or more on the last axis (L = 256 input codes) as a table of outputs per row
-    (the threshold lowered to 1 L here, so rows of 400 take it too)."""
+    rows of 2 L entries or more (L = 256 input codes) as a table of outputs per row, on the last
+    axis or another (the threshold lowered to 1 L here, so rows of 400 take it too)."""
     from npuforge.sim import lowered_int64
 
     if form == "int64":
@@ -620,16 +620,17 @@ def test_softmax_lowered_exactly(mode, form, monkeypatch):
     if form == "float64 row tables":
         monkeypatch.setattr(lowered_int64, "ROW_TABLE_MIN", 1)
     lowered = []
-    for axis, rows in ((-1, 12), (1, 12), (-1, 1200), (-2, 1200), (-1, 1800)):
-        g, x = quantized_graph(torch.nn.Sequential(torch.nn.Linear(8, rows), torch.nn.Unflatten(1, (3, rows // 3)),
+    for axis, shape in ((-1, (3, 4)), (1, (3, 4)), (-1, (3, 400)), (-2, (3, 400)), (-1, (3, 600)), (1, (600, 3))):
+        rows = shape[0] * shape[1]
+        g, x = quantized_graph(torch.nn.Sequential(torch.nn.Linear(8, rows), torch.nn.Unflatten(1, shape),
                                                    torch.nn.Softmax(axis)), (2, 8))
         x = np.concatenate([x, np.random.default_rng(rows).standard_normal((64, 8)).astype(x.dtype) * 3])
         lowered += both(g, {g.inputs[0]: x}, mode)["float"].lowering.values()
     want = {"float64": ["float64 softmax", "float64 softmax, a table per row"], "int64": ["int64 softmax"],
             "float64 row tables": ["float64 softmax", "float64 softmax, a table per row"]}[form]
     assert all(w in lowered for w in want), lowered
-    if form == "float64 row tables":  # rows of 400 and 600 on the last axis; 4 on it, and the others not
-        assert lowered.count("float64 softmax, a table per row") == 2
+    if form == "float64 row tables":  # rows of 400 and 600, on the last axis and on the middle one
+        assert lowered.count("float64 softmax, a table per row") == 3
 
 
 @pytest.mark.parametrize("mode", MODES)

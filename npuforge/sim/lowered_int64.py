@@ -68,8 +68,7 @@ def softmax(builder, node) -> str:
     e_max = int(table.max(initial=0))
     if isinstance(n, int) and 2 * e_max * r + n * e_max * (1 << m) < FLOAT64_INTEGERS:
         index = builder.emit("Cast", [d], f"{pre}::ix", to=TensorProto.INT32)
-        rank = len(builder.graph.values[x].shape)
-        if node.attrs["axis"] % rank == rank - 1 and n >= ROW_TABLE_MIN * len(table):
+        if n >= ROW_TABLE_MIN * len(table):
             return _softmax_row_tables(builder, node, table, r, m, index, axes)
         e = builder.lookup(builder.const(f"{pre}::exp64", np.roll(table.astype(np.float64), 1)), index, f"{pre}::e")
         total = builder.emit("ReduceSum", [e, axes], f"{pre}::sum", keepdims=1)
@@ -100,23 +99,27 @@ ROW_TABLE_MIN = 2  # rows at least this many times the exponential table's lengt
 
 def _softmax_row_tables(builder, node, table, r: int, m: int, index: str, axes: str) -> str:
     """Rows much longer than the L-entry exponential table (high-resolution attention): each row's L
-    possible outputs ``floor((e R / 2^m + S / 2) / S)``, clamped, computed once as a [..., L] table
-    (float64, exact as in :func:`softmax`) and read at each element's d by ``GatherElements`` on the
-    last axis: the quotient, its floor and the clamp run over L values per row instead of n."""
+    possible outputs ``floor((e R / 2^m + S / 2) / S)``, clamped, computed once as a table of the
+    input's shape with L along the axis (float64, exact as in :func:`softmax`) and read at each
+    element's d by ``GatherElements`` on that axis: the quotient, its floor and the clamp run over L
+    values per row instead of n."""
     pre = node.name
     yq = builder.activation(node, node.outputs[0])
     zp = int(yq.zero_point)
+    rank = len(builder.graph.values[node.inputs[0]].shape)
+    axis = node.attrs["axis"] % rank
     e = builder.lookup(builder.const(f"{pre}::exp32", np.roll(table.astype(np.int32), 1)), index, f"{pre}::e")
     total = builder.emit("Cast", [builder.emit("ReduceSum", [e, axes], f"{pre}::sum32", keepdims=1)], f"{pre}::sum",
                          to=TensorProto.DOUBLE)
-    scaled = builder.const(f"{pre}::exp_r_2m", np.roll(table.astype(np.float64), 1) * (r * 2.0**-m))
+    scaled = builder.const(f"{pre}::exp_r_2m", (np.roll(table.astype(np.float64), 1) * (r * 2.0**-m))
+                           .reshape((-1,) + (1,) * (rank - 1 - axis)))
     num = builder.emit("Add", [scaled, builder.emit("Mul", [total, builder.const("float64_half", 0.5)],
                                                     f"{pre}::s_half")], f"{pre}::row_num")
     q = builder.emit("Floor", [builder.emit("Div", [num, total], f"{pre}::row_ratio")], f"{pre}::row_q64")
     rows = builder.emit("Clip", [builder.emit("Cast", [q], f"{pre}::row_q", to=TensorProto.FLOAT),
                                  builder.const(f"{pre}::lo", np.float32(yq.qmin - zp)),
                                  builder.const(f"{pre}::hi", np.float32(yq.qmax - zp))], f"{pre}::row_table")
-    builder.emit("GatherElements", [rows, index], node.outputs[0], axis=-1)
+    builder.emit("GatherElements", [rows, index], node.outputs[0], axis=axis)
     return "float64 softmax, a table per row"
 
 
