@@ -68,7 +68,7 @@ def softmax(builder, node) -> str:
     e_max = int(table.max(initial=0))
     if isinstance(n, int) and 2 * e_max * r + n * e_max * (1 << m) < FLOAT64_INTEGERS:
         index = builder.emit("Cast", [d], f"{pre}::ix", to=TensorProto.INT32)
-        if n >= ROW_TABLE_MIN * len(table):
+        if n >= ROW_TABLE_MIN * len(table) and n * e_max < INT32_SUMS:
             return _softmax_row_tables(builder, node, table, r, m, index, axes)
         e = builder.lookup(builder.const(f"{pre}::exp64", np.roll(table.astype(np.float64), 1)), index, f"{pre}::e")
         total = builder.emit("ReduceSum", [e, axes], f"{pre}::sum", keepdims=1)
@@ -95,6 +95,7 @@ R_ABOVE_SHIFT = math.isqrt((1 << layernorm_rule.NUMERATOR_BITS) >> 21)  # r's la
 
 
 ROW_TABLE_MIN = 2  # rows at least this many times the exponential table's length: a table of outputs per row
+INT32_SUMS = 1 << 31  # a row table's exponentials are summed in int32: n max(e) below this
 
 
 def _softmax_row_tables(builder, node, table, r: int, m: int, index: str, axes: str) -> str:
