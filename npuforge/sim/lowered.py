@@ -81,6 +81,12 @@ DISABLED_OPTIMIZERS = ["ConvAddFusion", "ConvMulFusion"]
 BYTE_CODES = ("uint8", "int8")  # activations whose codes MatMulInteger takes as bytes
 
 
+def byte_offset(q) -> int:
+    """What moves the values ``q - zp`` of 8-bit codes to bytes in [0, 255]: the zero point, 128
+    more for int8 codes; the integer kernels' zero point for those bytes."""
+    return int(q.zero_point) + (128 if q.dtype == "int8" else 0)
+
+
 def requant_candidates(rounding: str, m: np.ndarray | None, scale: np.ndarray | None, shift: np.ndarray | None,
                        offset: np.ndarray, negative: bool, acc_dtype: type = np.float32) -> list[list[Formula]]:
     """Formulas to try for the requantization of ``acc + offset``, cheapest first; each
@@ -377,7 +383,7 @@ class _Builder(TableLowerings, LoweringBuilder):
         if xq.dtype in ("uint8", "int8"):
             if not prep["fits_int32"]:
                 self.refuse(node, f"accumulators up to {prep['bound']} are beyond int32")
-            parts = [(x, zp + (128 if xq.dtype == "int8" else 0), 1, "")]  # (values, code offset, weight, tag)
+            parts = [(x, byte_offset(xq), 1, "")]  # (values, code offset, weight, tag)
         elif self._int16_fits(xq):
             low, high = self._int16_float_bytes(x)
             parts = [(low, 0, 1, "_low"), (high, 128, 256, "_high")]
@@ -474,7 +480,7 @@ class _Builder(TableLowerings, LoweringBuilder):
         if wide and bound < 1 << 31 and aq.dtype in BYTE_CODES and bq.dtype in BYTE_CODES:
             # long rows (attention over many tokens): exact int32 sums on ONNX Runtime's u8u8 MatMulInteger of
             # the codes as bytes, not two float64 copies and a float64 MatMul (pit_ti's 730-token attention)
-            offsets = [int(q.zero_point) + (128 if q.dtype == "int8" else 0) for q in (aq, bq)]
+            offsets = [byte_offset(q) for q in (aq, bq)]
             acc = self.emit("MatMulInteger", [self._codes(a, offsets[0]), self._codes(b, offsets[1]),
                                               *(self.const(f"zp_u8_{o}", np.uint8(o)) for o in offsets)],
                             f"{node.name}::acc_i32")
