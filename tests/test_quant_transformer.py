@@ -172,6 +172,25 @@ def test_layernorm_integer_rule_equals_its_reference_and_tracks_float():
     assert np.abs(integer - fake).max() <= 1.01 * float(yp.scale)
 
 
+def test_layernorm_output_sum_fits_float64_with_the_most_fractional_bits():
+    """G carries the most fractional bits F (at most 24, here at least 12) that keep the last
+    step's |u G + B + 2^(T-1)| below 2^53, where a float64 holds it exactly."""
+    from npuforge.quant import layernorm_rule
+
+    _, q, _, _ = _quantized(NormNet(), (4, 6, 16))
+    node = _node(q, "LayerNormalization")
+    data = {role: q.values[name].data for role, name in node.quant.items()}
+    g, b, t = np.asarray(data["scale"]), np.asarray(data["bias"]), int(data["shift"])
+    f = t - layernorm_rule._p_bits(32) // 2
+    assert layernorm_rule.FLOAT64_MIN_F <= f <= layernorm_rule.MAX_F
+    assert layernorm_rule.output_bound(layernorm_rule.u_max(32), g, b, t) < layernorm_rule.FLOAT64_SUMS
+    if f < layernorm_rule.MAX_F:  # one more bit would pass 2^53
+        s_y = float(q.values[node.outputs[0]].quant.scale)
+        scale, bias = (np.asarray(q.values[name].data, np.float64) for name in node.inputs[1:3])
+        more = [np.rint(v * 2.0 ** (e + 1) / s_y).astype(np.int64) for v, e in ((scale, f), (bias, t))]
+        assert layernorm_rule.output_bound(layernorm_rule.u_max(32), *more, t + 1) >= layernorm_rule.FLOAT64_SUMS
+
+
 class L2Net(torch.nn.Module):
     def __init__(self):
         super().__init__()

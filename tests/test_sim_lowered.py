@@ -488,22 +488,31 @@ class Normalized(torch.nn.Module):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("float64_u", [True, False])
-def test_layer_and_instance_norm_lowered_in_int64(mode, float64_u, monkeypatch):
-    """D = sum(c^2) / N + E and c r / 2^(h + down) floored in float64 where they stay below 2^53
-    (every model here; S and c in float32 where they stay below 2^24, the last division's result
-    cast from uint64 to float32), else (bounds made huge: slices of 185,000 int16 codes would need
-    it) D from the int64 sums and c r in int64."""
-    if not float64_u:
-        from npuforge.sim import lowered_int64
+@pytest.mark.parametrize("path", ["float64", "float64 with c", "int64 output", "int64"])
+def test_layer_and_instance_norm_lowered(mode, path, monkeypatch):
+    """float64: D = N sum(x^2) - S^2 + E, r = floor(2^30 / sqrt(D_h)), u = floor(x N r / 2^(h + down) -
+    S r / 2^(h + down)) and the output sum u G + B, each below 2^53 (every model here; S and sum(x^2) in
+    float32 where they stay below 2^24). float64 with c (N m past 2^23: int16 rows of a few hundred):
+    D = sum(c^2) / N + E and u = floor(c r / 2^(h + down)). int64 output: G with the 24 fractional bits
+    an IR quantized before the rule kept that sum below 2^53 carries (the sum past it: in int64, its
+    division's result cast from uint64 to float32). int64 (bounds made huge: slices of 185,000 int16
+    codes would need it): D from the int64 sums, r by the corrected integer square root, c r in int64."""
+    from npuforge.quant import layernorm_rule
+    from npuforge.sim import lowered_int64
 
+    if path == "float64 with c":
+        monkeypatch.setattr(lowered_int64, "ROWS_BELOW", 0)
+    if path == "int64 output":
+        monkeypatch.setattr(layernorm_rule, "FLOAT64_MIN_F", 25)
+    if path == "int64":
         monkeypatch.setattr(lowered_int64, "R_ABOVE_SHIFT", 1 << 40)
         monkeypatch.setattr(lowered_int64, "FLOAT64_INTEGERS", 0)
         monkeypatch.setattr(lowered_int64, "FLOAT32_INTEGERS", 0)
     # 8-bit inputs, whatever the narrowest of the 7-element rows (int16 ones have no lowering)
     g, x = quantized_graph(Normalized(), (2, 3, 5, 7), config={"norm_spread_codes": 0})
     lows = both(g, {g.inputs[0]: x}, mode)
-    assert list(lows["float"].lowering.values()).count("int64 normalization") == 3
+    how = "float64 normalization" if path.startswith("float64") else "int64 normalization"
+    assert list(lows["float"].lowering.values()).count(how) == 3
     # slices of 96 x 96 positions: variances past 2^23, so the per-slice shift h > 0 is taken
     wide = torch.nn.Sequential(torch.nn.Conv2d(3, 2, 3, padding=1), torch.nn.InstanceNorm2d(2, affine=True))
     g, x = quantized_graph(wide, (2, 3, 96, 96))
@@ -516,10 +525,38 @@ def test_layer_and_instance_norm_lowered_in_int64(mode, float64_u, monkeypatch):
     n, total = q.shape[2] * q.shape[3], q.sum(dim=(2, 3), keepdim=True)
     assert (shift_of(n * (q * q).sum(dim=(2, 3), keepdim=True) - total * total) > 0).all()
     both(g, {g.inputs[0]: x}, mode)
+    # rows of 128 features (a small transformer's), h > 0 with D in float64; r itself is the rule's (an r one
+    # off changes an output code rarely enough for a few hundred rows to miss it)
+    g, x = quantized_graph(torch.nn.Sequential(torch.nn.Linear(16, 128), torch.nn.LayerNorm(128)), (4, 64, 16))
+    node = next(n for n in g.nodes if n.op == "LayerNormalization")
+    q = torch.from_numpy(IntegerSimulator(g, mode).run({g.inputs[0]: x}, outputs=[node.inputs[0]],
+                                                       dequantize=False)[node.inputs[0]].astype(np.int64))
+    d = 128 * (q * q).sum(dim=-1, keepdim=True) - q.sum(dim=-1, keepdim=True) ** 2 + \
+        int(IntegerSimulator(g, mode)._int(node, "epsilon"))
+    assert (shift_of(d) > 0).float().mean() > 0.5
+    low = both(g, {g.inputs[0]: x}, mode)["float"]
+    assert low.lowering[node.name] == how
+    want = [math.isqrt((1 << 60) // (int(v) >> 2 * int(shift_of(v)))) for v in d.flatten()]
+    np.testing.assert_array_equal(np.ravel(intermediate(low, {g.inputs[0]: x}, f"{node.name}::r")), want)
+
+
+def intermediate(low, feeds: dict, name: str) -> np.ndarray:
+    """A value inside a float-form lowered simulator's ONNX program, on ``feeds`` of codes of its graph's inputs."""
+    import onnxruntime as ort
+
+    from npuforge.sim.lowered import DISABLED_OPTIMIZERS
+
+    model = onnx.ModelProto()
+    model.CopyFrom(low.model)
+    model.graph.output.append(onnx.ValueInfoProto(name=name))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"],
+                                   disabled_optimizers=DISABLED_OPTIMIZERS)
+    zps = {k: np.float32(int(low.graph.values[k].quant.zero_point)) for k in feeds}
+    return session.run([name], {k: np.asarray(v).astype(np.float32) - zps[k] for k, v in feeds.items()})[0]
     # an L2Normalize over the channels alone: its sums [N, 1, H, W] meet the shift limits on a new axis
     g, x = quantized_graph(ChannelNormalized(), (2, 3, 5, 7))
     assert "L2Normalize" in g.op_histogram()
-    assert "int64 normalization" in both(g, {g.inputs[0]: x}, mode)["float"].lowering.values()
+    assert how in both(g, {g.inputs[0]: x}, mode)["float"].lowering.values()
 
 
 class ChannelNormalized(torch.nn.Module):
@@ -1407,6 +1444,33 @@ def test_an_int16_operand_rescaled_in_float64_equals_the_integer_rescaling(multi
     rule = requantize_single if single else requantize_fixedpoint
     want = rule(torch.from_numpy(q << bits), multiplier, shift).numpy()
     np.testing.assert_array_equal(got, want.astype(np.float64))
+
+
+def test_inverse_square_root_in_float64_is_exact_for_every_shifted_d():
+    """lowered_int64._inverse_root, floor(2^30 / sqrt(D_h)) in ONNX Runtime's float64 Sqrt and Div,
+    is the rule's isqrt(2^60 // D_h) for every D_h it is given: 1 to 2^23 - 1."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from npuforge.sim import lowered_int64
+
+    b = HelperBuilder()
+    lowered_int64._inverse_root(b, "d", "r")
+    graph = helper.make_graph(b.nodes, "g", [helper.make_tensor_value_info("d", TensorProto.DOUBLE, [None])],
+                              [helper.make_tensor_value_info("r", TensorProto.DOUBLE, [None])], b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    d = np.arange(1, 1 << 23, dtype=np.int64)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"d": d.astype(np.float64)})[0]
+    a = (1 << 60) // d  # its isqrt: a float64 estimate moved to the one r with r^2 <= a < (r + 1)^2
+    r = np.sqrt(a.astype(np.float64)).astype(np.int64)
+    for _ in range(2):
+        r = np.where(r * r > a, r - 1, r)
+        r = np.where((r + 1) * (r + 1) <= a, r + 1, r)
+    assert (r * r <= a).all() and ((r + 1) * (r + 1) > a).all()
+    for k in (0, 1, 2, 4_194_303, len(d) - 1):
+        assert r[k] == math.isqrt(int(a[k]))
+    np.testing.assert_array_equal(got, r.astype(np.float64))
 
 
 def test_integer_square_root_in_onnx_ops_is_exact_next_to_squares():

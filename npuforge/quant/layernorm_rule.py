@@ -19,7 +19,10 @@ zero point ``zp_y``:
    ``|u| <= 2^(P/2) * sqrt(N)`` (a single ``c^2`` never exceeds ``N * W``);
 4. ``y = floor((u * G + B + 2^(T-1)) / 2^T) + zp_y``, saturated, with per-element
    ``G = round(scale / s_y * 2^F)``, ``B = round(bias / s_y * 2^T)``, ``T = P/2 + F`` and
-   the largest ``F <= 24`` that keeps every term below 2^61.
+   the largest ``F <= 24`` that keeps the whole sum below 2^53 (:func:`output_bound`), so that
+   float64 arithmetic computes it exactly (the fast simulator's), where that leaves ``F >= 12``
+   (G's rounding then moves y by at most ``|u| / 2^(P/2) / 2^13`` of an output step: 1/2^13
+   per unit of the normalized value); else the largest that keeps every term below 2^61.
 
 L2Normalize (``x / max(||x||, eps)``) takes the same steps uncentred: ``c = q - zp_x``,
 ``W = sum(c^2)`` and ``D = max(W, E)`` with ``E = round((eps / s_x)^2)`` (at least 1),
@@ -44,6 +47,21 @@ MAX_F = 24
 LIMIT = 61  # every intermediate stays below 2^61 (and so their sum below 2^63)
 NUMERATOR_BITS = 60  # r = isqrt(2^60 // D_h)
 SHIFT_LIMITS = [1 << (21 + 2 * j) for j in range(1, 21)]  # h counts the limits D reaches (D < 2^62)
+
+
+FLOAT64_SUMS = 1 << 53  # every integer below it is a float64
+FLOAT64_MIN_F = 12  # the fewest fractional bits of G for a float64 output sum (else: 2^61, int64)
+
+
+def u_max(n: int) -> int:
+    """A bound on |u|: 2^(P/2) sqrt(N), with room for D_h's floor (2^-21) and isqrt's."""
+    return ((math.isqrt(n) + 2) << (_p_bits(n) // 2)) * 2
+
+
+def output_bound(u_bound: int, scale: np.ndarray, bias: np.ndarray, t: int) -> int:
+    """|u G + B + 2^(T-1)| at most, for |u| <= ``u_bound`` and the integers G, B, T of
+    :func:`quantize_integers`."""
+    return u_bound * int(np.abs(scale).max(initial=0)) + int(np.abs(bias).max(initial=0)) + (1 << (t - 1))
 
 
 def fits(n: int, magnitude: int = 255) -> bool:
@@ -128,8 +146,17 @@ def quantize_integers(graph, node, add) -> None:
     if f < 8:
         raise NpuforgeError(f"node '{node.name}' ({node.op}): its scale and bias over the output step "
                             f"leave {f} fractional bits; keep it in float (keep_float)")
-    add("scale", np.rint(scale * (2.0 ** f / s_y)).astype(np.int64))
-    add("bias", np.rint(bias * (2.0 ** (half_p + f) / s_y)).astype(np.int64))
+    def integers(f: int) -> tuple:
+        return (np.rint(scale * (2.0 ** f / s_y)).astype(np.int64),
+                np.rint(bias * (2.0 ** (half_p + f) / s_y)).astype(np.int64))
+
+    for f64 in range(f, FLOAT64_MIN_F - 1, -1):
+        if output_bound(u_max(n), *integers(f64), half_p + f64) < FLOAT64_SUMS:
+            f = f64
+            break
+    g_int, b_int = integers(f)
+    add("scale", g_int)
+    add("bias", b_int)
     add("epsilon", np.asarray(eps, np.int64))
     add("shift", np.asarray(half_p + f, np.int64))
 

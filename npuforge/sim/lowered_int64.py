@@ -125,105 +125,190 @@ def _softmax_row_tables(builder, node, table, r: int, m: int, index: str, axes: 
 
 
 def layernorm(builder, node) -> str:
-    xq = builder.activation(node, node.inputs[0])
-    x, pre, plain = node.inputs[0], node.name, builder.plain
-    dims, n, _ = layernorm_rule._geometry(builder.graph, node)
-    axes = _int64(builder, f"{pre}::axes", list(dims))
-    # the sums in float where every partial sum is an integer the type holds (N m^2 below 2^24 or
-    # 2^53), whatever the order ONNX Runtime adds in: its float ReduceSum is vectorized, int64's not
-    squares_max = n * max_abs_code(xq) ** 2
-    exact = TensorProto.FLOAT if squares_max < 1 << 24 else TensorProto.DOUBLE if squares_max < 1 << 53 else None
-    eps_value = int(plain._int(node, "epsilon"))
-    eps = _int64(builder, f"{pre}::eps", eps_value)
-    centred = layernorm_rule.centred(node)
-    c_max = n * (int(xq.qmax) - int(xq.qmin)) if centred else max_abs_code(xq)
-    # W = N^2 var <= (N (qmax - qmin) / 2)^2 (Popoviciu), the partial sums of c^2 <= sum(c^2) = N W
-    w_max = c_max ** 2 // 4 + 1
-    float64_d = centred and exact is not None and n * w_max < FLOAT64_INTEGERS and \
-        w_max + eps_value < FLOAT64_INTEGERS
-    # c's type: S and c in float32 where they stay below 2^24 (deit's int16 inputs too), half float64's passes
-    c_type = exact
-    if float64_d and n * max_abs_code(xq) < FLOAT32_INTEGERS and c_max < FLOAT32_INTEGERS:
-        c_type = TensorProto.FLOAT
-    if c_type == TensorProto.FLOAT:
-        xf = x  # q - zp in float32 already
-    elif c_type == TensorProto.DOUBLE:
-        xf = builder.emit("Cast", [x], f"{pre}::x64", to=TensorProto.DOUBLE)
-    else:
-        xf = builder.emit("Cast", [x], f"{pre}::q_in", to=TensorProto.INT64)  # q - zp: the zero point cancels in c
-    if centred:
+    """npuforge/quant/layernorm_rule.py's integer normalization in the cheapest form its bounds
+    allow (:class:`_Normalization`)."""
+    return _Normalization(builder, node).lower()
+
+
+ROWS_BELOW = 1 << 23  # N m below this: u from x and S without c (x N r and S r below 2^53, r <= 2^30)
+
+
+class _Normalization:
+    """One LayerNormalization / InstanceNormalization / L2Normalize, lowered. Bounds first, from N,
+    the input's codes (m = max |q - zp|) and the IR's integers; then each step in the fastest exact
+    type: D (:meth:`d`), h (:meth:`h`), r (:meth:`r`), u (:meth:`u`), the output (:meth:`output`).
+    Every float64 form keeps each value an integer (or one times a power of two) below 2^53."""
+
+    def __init__(self, builder, node):
+        self.b, self.node, self.pre, plain = builder, node, node.name, builder.plain
+        xq = builder.activation(node, node.inputs[0])
+        self.x = node.inputs[0]  # q - zp in float32
+        self.dims, n, _ = layernorm_rule._geometry(builder.graph, node)
+        self.n, self.m = n, max_abs_code(xq)
+        self.axes = _int64(builder, f"{self.pre}::axes", list(self.dims))
+        # the sums in float where every partial sum is an integer the type holds (N m^2 below 2^24 or 2^53),
+        # whatever the order ONNX Runtime adds in: its float ReduceSum is vectorized, int64's not
+        self.squares_max = n * self.m ** 2
+        self.exact = TensorProto.FLOAT if self.squares_max < FLOAT32_INTEGERS else \
+            TensorProto.DOUBLE if self.squares_max < FLOAT64_INTEGERS else None
+        self.eps = int(plain._int(node, "epsilon"))
+        self.centred = layernorm_rule.centred(node)
+        self.c_max = n * (int(xq.qmax) - int(xq.qmin)) if self.centred else self.m
+        # W = N^2 var <= (N (qmax - qmin) / 2)^2 (Popoviciu), the partial sums of c^2 <= sum(c^2) = N W
+        w_max = self.c_max ** 2 // 4 + 1
+        self.d_max = w_max + self.eps if self.centred else max(self.squares_max, self.eps)
+        self.float64_d = self.centred and self.exact is not None and n * w_max < FLOAT64_INTEGERS and \
+            self.d_max < FLOAT64_INTEGERS
+        # |c r| <= sqrt(N) 2^30 where h = 0 (c^2 <= N W <= N D, r <= 2^30 / sqrt(D)), else c_max isqrt(2^60 / 2^21):
+        # below 2^53, c times r / 2^(h + down) (a power of two apart from r) is exact in float64, and so its Floor
+        self.float64_u = self.exact is not None and max((math.isqrt(n) + 1) << 30, self.c_max * R_ABOVE_SHIFT) < 1 << 53
+        # no c at all: u = floor(x N rs - S rs), both products exact and so their difference, c rs; W = N sum(x^2) - S^2
+        # per slice, S and (N m^2 below 2^24) sum(x^2) in float32. Four float64 passes over the input where c took six
+        self.rows = self.float64_d and self.float64_u and n * self.m < ROWS_BELOW
+        self.down = layernorm_rule.down_shift(n)
+        self.g, self.bias = plain._int(node, "scale").astype(np.int64), plain._int(node, "bias").astype(np.int64)
+        self.t = int(plain._int(node, "shift"))
+
+    def emit(self, op: str, inputs: list, tag: str, **attrs) -> str:
+        return self.b.emit(op, inputs, f"{self.pre}::{tag}", **attrs)
+
+    def const(self, tag: str, value) -> str:
+        return self.b.const(f"{self.pre}::{tag}", value)
+
+    def lower(self) -> str:
+        d = self.d()
+        self.h(d)
+        u = self.u(self.r(d))
+        return self.output(u)
+
+    def d(self) -> str:
+        """D per slice: float64 (exact) where :attr:`float64_d`, else int64. Sets what :meth:`u` reads."""
+        x, b = self.x, self.b
+        if self.rows:
+            self.x64 = _as_double(b, x, TensorProto.FLOAT, f"{self.pre}::x64")
+            self.total = self.emit("Cast", [self.emit("ReduceSum", [x, self.axes], "sum", keepdims=1)], "s64",
+                                   to=TensorProto.DOUBLE)
+            x2 = x if self.squares_max < FLOAT32_INTEGERS else self.x64
+            squares = self.emit("ReduceSum", [self.emit("Mul", [x2, x2], "x2"), self.axes], "sumsq", keepdims=1)
+            if x2 == x:
+                squares = self.emit("Cast", [squares], "sumsq64", to=TensorProto.DOUBLE)
+            self.n64 = self.const("n64", np.float64(self.n))
+            w = self.emit("Sub", [self.emit("Mul", [squares, self.n64], "nsumsq"),
+                                  self.emit("Mul", [self.total, self.total], "s2")], "w")
+            return self.emit("Add", [w, self.const("eps64", np.float64(self.eps))], "d64")
+        # c's type: S and c in float32 where they stay below 2^24 (deit's int16 inputs too), half float64's passes
+        self.c_type = self.exact
+        if self.float64_d and self.n * self.m < FLOAT32_INTEGERS and self.c_max < FLOAT32_INTEGERS:
+            self.c_type = TensorProto.FLOAT
+        if self.c_type == TensorProto.FLOAT:
+            xf = x
+        elif self.c_type == TensorProto.DOUBLE:
+            xf = _as_double(b, x, TensorProto.FLOAT, f"{self.pre}::x64")
+        else:
+            xf = self.emit("Cast", [x], "q_in", to=TensorProto.INT64)  # q - zp: the zero point cancels in c
+        eps = _int64(b, f"{self.pre}::eps", self.eps)
+        if not self.centred:  # L2Normalize: c = q - zp, D = max(sum(c^2), E)
+            squares = self.emit("ReduceSum", [self.emit("Mul", [xf, xf], "q2"), self.axes], "sumsq", keepdims=1)
+            squares = self.emit("Cast", [squares], "sumsq_i", to=TensorProto.INT64) if self.exact else squares
+            self.c = xf
+            return self.emit("Max", [squares, eps], "d")
         # c = N q - S: |c| <= N (qmax - qmin); in the sums' float type that is exact (c's bound below its 2^24 or 2^53)
-        total = builder.emit("ReduceSum", [xf, axes], f"{pre}::sum", keepdims=1)
-        nq = builder.emit("Mul", [xf, _float(builder, f"{pre}::n", n, c_type)], f"{pre}::nq")
-        c = builder.emit("Sub", [nq, total], f"{pre}::c")
-        if float64_d:
+        total = self.emit("ReduceSum", [xf, self.axes], "sum", keepdims=1)
+        self.c = self.emit("Sub", [self.emit("Mul", [xf, _float(b, f"{self.pre}::n", self.n, self.c_type)], "nq"),
+                                   total], "c")
+        if self.float64_d:
             # D = sum(c^2) / N + E, every partial sum and D integers below 2^53 in float64 (Mul then ReduceSum:
             # ONNX Runtime's ReduceSumSquare made deit_tiny, bert_tiny and convnext_atto 3-5 % slower)
-            c64 = _as_double(builder, c, c_type, f"{pre}::c64")
-            sum_c2 = builder.emit("ReduceSum", [builder.emit("Mul", [c64, c64], f"{pre}::c2"), axes], f"{pre}::sumc2",
-                                  keepdims=1)
-            w = builder.emit("Div", [sum_c2, builder.const(f"{pre}::n64", np.float64(n))], f"{pre}::w")
-            d = builder.emit("Cast", [builder.emit("Add", [w, builder.const(f"{pre}::eps64", np.float64(eps_value))],
-                                                   f"{pre}::d64")], f"{pre}::d", to=TensorProto.INT64)
-        else:
-            def reduce(v: str, tag: str) -> str:
-                summed = builder.emit("ReduceSum", [v, axes], f"{pre}::{tag}", keepdims=1)
-                return builder.emit("Cast", [summed], f"{pre}::{tag}_i", to=TensorProto.INT64) if exact else summed
+            c64 = _as_double(b, self.c, self.c_type, f"{self.pre}::c64")
+            sum_c2 = self.emit("ReduceSum", [self.emit("Mul", [c64, c64], "c2"), self.axes], "sumc2", keepdims=1)
+            w = self.emit("Div", [sum_c2, self.const("n64", np.float64(self.n))], "w")
+            return self.emit("Add", [w, self.const("eps64", np.float64(self.eps))], "d64")
 
-            squares = reduce(builder.emit("Mul", [xf, xf], f"{pre}::q2"), "sumsq")
-            total = builder.emit("Cast", [total], f"{pre}::sum_i", to=TensorProto.INT64) if exact else total
-            nsumsq = builder.emit("Mul", [squares, _float(builder, f"{pre}::n", n, None)], f"{pre}::nsumsq")
-            w = builder.emit("Sub", [nsumsq, builder.emit("Mul", [total, total], f"{pre}::s2")], f"{pre}::w")
-            d = builder.emit("Add", [w, eps], f"{pre}::d")
-    else:  # L2Normalize: c = q - zp, D = max(sum(c^2), E)
-        squares = builder.emit("ReduceSum", [builder.emit("Mul", [xf, xf], f"{pre}::q2"), axes], f"{pre}::sumsq",
-                               keepdims=1)
-        squares = builder.emit("Cast", [squares], f"{pre}::sumsq_i", to=TensorProto.INT64) if exact else squares
-        c, d = xf, builder.emit("Max", [squares, eps], f"{pre}::d")
-    # h = #{j: d >= 2^(21 + 2j)}: d against the limits on its last axis where that is a normalized one (size 1),
-    # else on a new one; d // 4^h by a table of powers
-    steps = len(layernorm_rule.SHIFT_LIMITS)
-    limits = _int64(builder, f"{pre}::limits", layernorm_rule.SHIFT_LIMITS)
-    last = _int64(builder, f"{pre}::last_axis", [-1])
-    last_normalized = len(builder.graph.values[x].shape) - 1 in dims
-    d1 = d if last_normalized else builder.emit("Unsqueeze", [d, last], f"{pre}::d1")
-    above = builder.emit("GreaterOrEqual", [d1, limits], f"{pre}::above")
-    h = builder.emit("ReduceSum", [builder.emit("Cast", [above], f"{pre}::above64", to=TensorProto.INT64), last],
-                     f"{pre}::h", keepdims=int(last_normalized))
-    pow4 = builder.emit("Gather", [_int64(builder, f"{pre}::pow4", [4 ** k for k in range(steps + 1)]), h],
-                        f"{pre}::4h", axis=0)
-    down = layernorm_rule.down_shift(n)
-    dh = builder.emit("Div", [d, pow4], f"{pre}::dh")
-    a = builder.emit("Div", [_int64(builder, f"{pre}::np", 1 << layernorm_rule.NUMERATOR_BITS), dh], f"{pre}::a")
-    r = _isqrt(builder, a, f"{pre}::r")
-    # u = floor(c r / 2^(h + down)). |c r| <= sqrt(N) 2^30 where h = 0 (c^2 <= N W <= N D, r <= 2^30 / sqrt(D)),
-    # else c_max * isqrt(2^60 / 2^21): below 2^53, c times r / 2^(h + down) (a power of two apart from r) is
-    # exact in float64 and so is its Floor
-    cr_max = max((math.isqrt(n) + 1) << 30, c_max * R_ABOVE_SHIFT)
-    if exact is not None and cr_max < 1 << 53:
-        c64 = _as_double(builder, c, c_type, f"{pre}::c64")
-        powers = builder.const(f"{pre}::pow2", np.float64(2.0) ** -(np.arange(steps + 1) + down))
-        scale = builder.emit("Gather", [powers, h], f"{pre}::2_hd", axis=0)
-        rs = builder.emit("Mul", [builder.emit("Cast", [r], f"{pre}::r64", to=TensorProto.DOUBLE), scale], f"{pre}::rs")
-        u = builder.emit("Cast", [builder.emit("Floor", [builder.emit("Mul", [c64, rs], f"{pre}::crs")], f"{pre}::uf")],
-                         f"{pre}::u", to=TensorProto.INT64)
-    else:
-        c = c if exact is None else builder.emit("Cast", [c], f"{pre}::c_i", to=TensorProto.INT64)
-        shift = builder.emit("Add", [h, _int64(builder, f"{pre}::down", down)], f"{pre}::h_down")
-        u = _floor_div(builder, builder.emit("Mul", [c, r], f"{pre}::cr"), shift, f"{pre}::u", bound=c_max << 30)
-    g = builder.const(f"{pre}::g", plain._int(node, "scale").astype(np.int64))
-    t = int(plain._int(node, "shift"))
-    # bounds for the division's offset form: |u| <= |c| r / 2^down, r <= 2^30 (D_h >= 1), and (the rule's own
-    # bound) c^2 <= N D, so |u| <= sqrt(N) 2^(30 - down), D_h's floor aside (2^-21)
-    u_max = min((c_max << 30) >> down, ((math.isqrt(n) + 2) << (30 - down)) * 2)
-    bound = u_max * int(np.abs(plain._int(node, "scale")).max(initial=0)) + \
-        int(np.abs(plain._int(node, "bias")).max(initial=0)) + (1 << (t - 1))
-    offset = OFFSET if bound < OFFSET else 0  # the division's offset, added with the bias and the rounding's half
-    b = builder.const(f"{pre}::b", plain._int(node, "bias").astype(np.int64) + ((1 << (t - 1)) + offset))
-    biased = builder.emit("Add", [builder.emit("Mul", [u, g], f"{pre}::crg"), b], f"{pre}::rounded")
-    _store(builder, node, _floor_div(builder, biased, t, f"{pre}::q64", bound=bound, offset_added=bool(offset),
-                                     float32_out=True), in_float32=True)
-    return "int64 normalization"
+        def reduce(v: str, tag: str) -> str:
+            summed = self.emit("ReduceSum", [v, self.axes], tag, keepdims=1)
+            return self.emit("Cast", [summed], f"{tag}_i", to=TensorProto.INT64) if self.exact else summed
+
+        squares = reduce(self.emit("Mul", [xf, xf], "q2"), "sumsq")
+        total = self.emit("Cast", [total], "sum_i", to=TensorProto.INT64) if self.exact else total
+        nsumsq = self.emit("Mul", [squares, _float(b, f"{self.pre}::n", self.n, None)], "nsumsq")
+        w = self.emit("Sub", [nsumsq, self.emit("Mul", [total, total], "s2")], "w")
+        return self.emit("Add", [w, eps], "d")
+
+    def h(self, d: str) -> None:
+        """h = #{j: d >= 2^(21 + 2j)} over the limits d can reach (none: h is 0): d against them on its last
+        axis where that is a normalized one (size 1), else on a new one."""
+        self.limits = [v for v in layernorm_rule.SHIFT_LIMITS if v <= self.d_max]
+        self.h_name = None
+        if not self.limits:
+            return
+        last = _int64(self.b, f"{self.pre}::last_axis", [-1])
+        last_normalized = len(self.b.graph.values[self.x].shape) - 1 in self.dims
+        d1 = d if last_normalized else self.emit("Unsqueeze", [d, last], "d1")
+        bounds = self.const("limits", np.array(self.limits, np.float64 if self.float64_d else np.int64))
+        above = self.emit("Cast", [self.emit("GreaterOrEqual", [d1, bounds], "above")], "above64", to=TensorProto.INT64)
+        self.h_name = self.emit("ReduceSum", [above, last], "h", keepdims=int(last_normalized))
+
+    def of_h(self, tag: str, table) -> str:
+        """A per-slice factor that depends on h alone: its table read at h (the constant where h is 0)."""
+        table = np.asarray(table)
+        if self.h_name is None:
+            return self.const(f"{tag}0", table[:1].reshape(()))
+        return self.emit("Gather", [self.const(tag, table), self.h_name], f"{tag}_h", axis=0)
+
+    def r(self, d: str) -> str:
+        """r = isqrt(2^60 // D_h), D_h = d // 4^h."""
+        k = np.arange(len(self.limits) + 1)
+        if self.float64_d and self.float64_u:
+            # per slice in float64, d exact: D_h = floor(d / 4^h), below 2^23, then r. 13 nodes per slice where the
+            # int64 steps take 20: each costs ONNX Runtime's per-node time, whatever its size
+            dh = d if self.h_name is None else \
+                self.emit("Floor", [self.emit("Mul", [d, self.of_h("4_h", 4.0 ** -k)], "d_4h")], "dh")
+            return _inverse_root(self.b, dh, f"{self.pre}::r")
+        if self.float64_d:
+            d = self.emit("Cast", [d], "d", to=TensorProto.INT64)
+        dh = d if self.h_name is None else self.emit("Div", [d, self.of_h("4h", 4 ** k)], "dh")
+        a = self.emit("Div", [_int64(self.b, f"{self.pre}::np", 1 << layernorm_rule.NUMERATOR_BITS), dh], "a")
+        r = _isqrt(self.b, a, f"{self.pre}::r")
+        return self.emit("Cast", [r], "r64", to=TensorProto.DOUBLE) if self.float64_u else r
+
+    def u(self, r: str) -> str:
+        """u = floor(c r / 2^(h + down)): float64 where :attr:`float64_u`, else int64."""
+        shifts = np.arange(len(self.limits) + 1) + self.down
+        if not self.float64_u:
+            c = self.c if self.exact is None else self.emit("Cast", [self.c], "c_i", to=TensorProto.INT64)
+            shift = self.of_h("h_down", shifts) if self.h_name is not None else np.int64(self.down)
+            return _floor_div(self.b, self.emit("Mul", [c, r], "cr"), shift, f"{self.pre}::u", bound=self.c_max << 30)
+        rs = self.emit("Mul", [r, self.of_h("2_hd", 2.0 ** -shifts)], "rs")
+        if self.rows:
+            crs = self.emit("Sub", [self.emit("Mul", [self.x64, self.emit("Mul", [rs, self.n64], "nrs")], "xnrs"),
+                                    self.emit("Mul", [self.total, rs], "srs")], "crs")
+        else:
+            crs = self.emit("Mul", [_as_double(self.b, self.c, self.c_type, f"{self.pre}::c64"), rs], "crs")
+        return self.emit("Floor", [crs], "uf")
+
+    def output(self, u: str) -> str:
+        """y = floor((u G + B + 2^(t-1)) / 2^t), clamped, into the node's output."""
+        t, g, bias = self.t, self.g, self.bias
+        # |u| <= |c| r / 2^down, r <= 2^30 (D_h >= 1), and (the rule's own bound) c^2 <= N D
+        bound = layernorm_rule.output_bound(min((self.c_max << 30) >> self.down, layernorm_rule.u_max(self.n)),
+                                            g, bias, t)
+        if self.float64_u and bound < FLOAT64_INTEGERS:
+            # floor(u G / 2^t + (B + 2^(t-1)) / 2^t): u G and B are integers below 2^53, so each term is exact in
+            # float64 (a power of two apart from them), and so are their sum (a multiple of 2^-t) and its Floor
+            ts = 2.0 ** -t
+            ug = self.emit("Mul", [u, self.const("g_2t", g.astype(np.float64) * ts)], "ug")
+            y = self.emit("Floor", [self.emit("Add", [ug, self.const("b_2t", (bias.astype(np.float64) + 2.0 ** (t - 1))
+                                                                       * ts)], "y64")], "q64")
+            _store(self.b, self.node, self.emit("Cast", [y], "q", to=TensorProto.FLOAT), in_float32=True)
+            return "float64 normalization"
+        if self.float64_u:
+            u = self.emit("Cast", [u], "u", to=TensorProto.INT64)
+        offset = OFFSET if bound < OFFSET else 0  # the division's offset, added with the bias and the rounding's half
+        biased = self.emit("Add", [self.emit("Mul", [u, self.const("g", g)], "crg"),
+                                   self.const("b", bias + ((1 << (t - 1)) + offset))], "rounded")
+        _store(self.b, self.node, _floor_div(self.b, biased, t, f"{self.pre}::q64", bound=bound,
+                                             offset_added=bool(offset), float32_out=True), in_float32=True)
+        return "int64 normalization"
 
 
 def _as_double(builder, x: str, dtype, out: str) -> str:
@@ -490,6 +575,16 @@ def _floor_div(builder, x: str, exponent, out: str, bound: int | None = None, of
 
 def _as_float32(builder, x64: str, out: str, cast: bool) -> str:
     return builder.emit("Cast", [x64], out, to=TensorProto.FLOAT) if cast else x64
+
+
+def _inverse_root(builder, dh: str, out: str) -> str:
+    """r = isqrt(2^60 // D_h) for float64 integers 1 <= D_h < 2^23, as floor(2^30 / sqrt(D_h))
+    (floor(sqrt(floor(y))) = floor(sqrt(y))): the correctly rounded Sqrt and Div land on the
+    same side of every integer, checked for each D_h (tests/test_sim_lowered.py)."""
+    assert layernorm_rule.NUMERATOR_BITS == 60
+    root = builder.const("float64_2_30", np.float64(2.0**30))
+    return builder.emit("Floor", [builder.emit("Div", [root, builder.emit("Sqrt", [dh], f"{out}::sqrt")],
+                                               f"{out}::est")], out)
 
 
 ISQRT_BELOW = 2.0**-20  # above the float64 estimate's error on r < 2^31 (3 2^-23) plus the Sub's rounding (2^-22)
