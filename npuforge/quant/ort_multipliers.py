@@ -106,7 +106,7 @@ def multiplier_interval(t: np.ndarray, levels: np.ndarray, a: np.ndarray, b: np.
                      at_most(before, bound(before) - 1, valid & inside & (t > a_)),      # not just before
                      at_most(end, bound(end) - 1, valid & ~inside)):                     # never
         lower, upper = np.maximum(lower, lo_), np.minimum(upper, hi_)
-    return lower.max(axis=1), upper.min(axis=1)
+    return lower.max(axis=1, initial=0), upper.min(axis=1, initial=M_MAX)  # no level (a constant output): any M
 
 
 def fixedpoint_rule(m: np.ndarray, e: np.ndarray, lo: np.ndarray, hi: np.ndarray):
