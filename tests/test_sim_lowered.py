@@ -1065,6 +1065,24 @@ def test_multiplier_interval_holds_exactly_the_matching_multipliers(seed, e, zp,
             assert np.array_equal(got, want) == (lower[i] <= m <= upper[i]), (i, m, lower[i], upper[i])
 
 
+def test_a_conv_of_a_constant_input_keeps_multipliers_and_runs():
+    """A Conv after a dead layer sees one accumulator value: its outputs take no step, so every
+    multiplier matches ONNX Runtime's rule (the quantizer's matching once failed on the empty
+    reduction over steps), and the model runs equal to the plain path."""
+    from npuforge.quant.ort_multipliers import M_MAX, multiplier_interval
+
+    t = levels = np.zeros((2, 0), np.int64)
+    lower, upper = multiplier_interval(t, levels, np.zeros(2, np.int64), np.ones(2, np.int64), np.zeros(2, np.int64),
+                                       np.zeros((2, 0), bool))
+    assert lower.tolist() == [0, 0] and upper.tolist() == [M_MAX, M_MAX]
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 1))
+    with torch.no_grad():
+        module[0].weight.zero_()
+        module[0].bias.fill_(-1.0)
+    g, x = quantized_graph(module, (2, 3, 8, 8))
+    both(g, {g.inputs[0]: x}, "fixedpoint")
+
+
 @pytest.mark.parametrize("case", range(len(CONV_CASES)))
 def test_matched_multipliers_run_as_qlinearconv(case):
     """After match_multipliers (the quantizer's last step), the fixed-point and single
@@ -1139,9 +1157,11 @@ def test_channels_without_a_float32_scale_run_apart(case, mode, few, monkeypatch
     exact, else as ConvInteger; then a proven float formula, merged back in channel order: every
     third channel by a Concat and a Gather, one channel of 16 by a ScatterElements on the
     channels-last axis. With more than half the channels apart and a MatMulInteger, all of them
-    run that way and no QLinearConv."""
+    run that way and no QLinearConv. (Outputs past SMALL_OUTPUT per sample: the tests' are small.)"""
+    from npuforge.sim import qoperator
     from npuforge.sim.qoperator import QOperatorBuilder, signed_weights_exact
 
+    monkeypatch.setattr(qoperator, "SMALL_OUTPUT", 0)
     scales = QOperatorBuilder._scales
 
     def some_unproven(self, node):
@@ -1168,6 +1188,30 @@ def test_channels_without_a_float32_scale_run_apart(case, mode, few, monkeypatch
     assert any(n.op_type == "QLinearConv" for n in low.model.graph.node) == bool(merged)
     assert report.startswith("QLinearConv; 1 of 16") == few
     assert any(n.op_type == "ScatterElements" for n in low.model.graph.node) == few
+
+
+@pytest.mark.parametrize("mode", ["fixedpoint", "onnx"])
+def test_a_small_layer_with_a_channel_apart_runs_whole_on_the_integer_kernel(mode, monkeypatch):
+    """A classifier's Gemm (12 outputs per sample, at most SMALL_OUTPUT) with one channel no float32
+    scale reproduces: every channel on MatMulInteger, no QLinearConv to merge with."""
+    from npuforge.sim.qoperator import QOperatorBuilder, signed_weights_exact
+
+    if not signed_weights_exact():
+        pytest.skip("MatMulInteger's u8s8 kernels are exact only where ONNX Runtime has VNNI (x86)")
+    scales = QOperatorBuilder._scales
+
+    def one_unproven(self, node):
+        s, bias, proven = scales(self, node)
+        return s, bias, proven & ((np.arange(len(proven)) != 1) | (node.op != "Gemm"))
+
+    monkeypatch.setattr(QOperatorBuilder, "_scales", one_unproven)
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                 torch.nn.Flatten(), torch.nn.Linear(8, 12))
+    g, x = quantized_graph(module, (2, 3, 8, 8))
+    low = both(g, {g.inputs[0]: x}, mode)["qoperator"]
+    gemm = next(n.name for n in g.nodes if n.op == "Gemm")
+    assert low.lowering[gemm].startswith("1 of 12 channels no float32 scale reproduces: all MatMulInteger")
+    assert [n.op_type for n in low.model.graph.node].count("QLinearConv") == 1  # the Conv's
 
 
 class Tokens(torch.nn.Module):
@@ -1202,8 +1246,9 @@ def test_matmul_by_a_constant_and_gemm_run_channels_last_as_one_product(apart, s
         s, bias, proven = scales(self, node)
         return s, bias, proven & (np.arange(len(proven)) % 3 != 1)
 
-    if apart:
+    if apart:  # merged into QLinearConv's output, however small the layer
         monkeypatch.setattr(QOperatorBuilder, "_scales", some_unproven)
+        monkeypatch.setattr(qoperator, "SMALL_OUTPUT", 0)
     if apart == "scatter":  # (a third of the channels: merged by a ScatterElements all the same)
         monkeypatch.setattr(qoperator, "SCATTER_FRACTION", 2)
     exact = qoperator.signed_weights_exact()

@@ -57,6 +57,7 @@ from .lowering_base import LoweringBuilder, channel_ranges, pointwise_conv, runs
 from .monotone_fit import Formula, fit_channels, float32_nudged, verify
 
 SCATTER_FRACTION = 16  # at most one channel in 16 apart: merged by a scatter (see _merge)
+SMALL_OUTPUT = 1024  # outputs per sample up to this, with channels apart: all on the integer kernel, no merge
 SCALE_NUDGES = tuple(sorted(range(-3, 4), key=abs))  # ulps from float32(multiplier) tried per channel
 
 MOVERS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "MaxPool", "Slice", "Split",
@@ -264,9 +265,13 @@ class QOperatorBuilder(LoweringBuilder):
                            f"{x}::{node.name}::rows")
         attrs = {k: v for k, v in node.attrs.items() if k not in FUSED_ATTRS and v is not None and v != []} \
             if node.op == "Conv" else {}
-        if rest.size * 2 > len(proven) and self._apart_form(node, w, attrs, channels_last) != "conv":
-            # most channels apart: all of them on the integer kernel, no QLinearConv to merge with
-            # (random-weight RepVGG: 160 of 192 channels apart, computed twice)
+        per_sample = self.graph.values[y].shape[1:]
+        small = all(isinstance(d, int) for d in per_sample) and int(np.prod(per_sample)) <= SMALL_OUTPUT
+        if rest.size and (rest.size * 2 > len(proven) or small) and \
+                self._apart_form(node, w, attrs, channels_last) != "conv":
+            # most channels apart: all of them on the integer kernel, no QLinearConv to merge with (random-weight
+            # RepVGG: 160 of 192 channels apart, computed twice); or a small output, where the merge's nodes cost
+            # more than the kernel's passes (kws_dscnn1d's classifier, 4 of 12 apart: 5 nodes fewer)
             t, _ = self._rest(node, x4, w, np.arange(len(proven)), attrs, channels_last)
             if not channels_last:  # (channels-last, [N, H, W, C])
                 t = self.emit("Transpose", [t], y, perm=[0, 3, 1, 2])
