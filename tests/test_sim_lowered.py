@@ -538,6 +538,10 @@ def test_layer_and_instance_norm_lowered(mode, path, monkeypatch):
     assert low.lowering[node.name] == how
     want = [math.isqrt((1 << 60) // (int(v) >> 2 * int(shift_of(v)))) for v in d.flatten()]
     np.testing.assert_array_equal(np.ravel(intermediate(low, {g.inputs[0]: x}, f"{node.name}::r")), want)
+    # an L2Normalize over the channels alone: its sums [N, 1, H, W] meet the shift limits on a new axis
+    g, x = quantized_graph(ChannelNormalized(), (2, 3, 5, 7))
+    assert "L2Normalize" in g.op_histogram()
+    assert how in both(g, {g.inputs[0]: x}, mode)["float"].lowering.values()
 
 
 def intermediate(low, feeds: dict, name: str) -> np.ndarray:
@@ -553,10 +557,6 @@ def intermediate(low, feeds: dict, name: str) -> np.ndarray:
                                    disabled_optimizers=DISABLED_OPTIMIZERS)
     zps = {k: np.float32(int(low.graph.values[k].quant.zero_point)) for k in feeds}
     return session.run([name], {k: np.asarray(v).astype(np.float32) - zps[k] for k, v in feeds.items()})[0]
-    # an L2Normalize over the channels alone: its sums [N, 1, H, W] meet the shift limits on a new axis
-    g, x = quantized_graph(ChannelNormalized(), (2, 3, 5, 7))
-    assert "L2Normalize" in g.op_histogram()
-    assert how in both(g, {g.inputs[0]: x}, mode)["float"].lowering.values()
 
 
 class ChannelNormalized(torch.nn.Module):

@@ -146,6 +146,7 @@ def quantize_integers(graph, node, add) -> None:
     if f < 8:
         raise NpuforgeError(f"node '{node.name}' ({node.op}): its scale and bias over the output step "
                             f"leave {f} fractional bits; keep it in float (keep_float)")
+
     def integers(f: int) -> tuple:
         return (np.rint(scale * (2.0 ** f / s_y)).astype(np.int64),
                 np.rint(bias * (2.0 ** (half_p + f) / s_y)).astype(np.int64))
