@@ -1228,6 +1228,20 @@ class Tokens(torch.nn.Module):
         return torch.relu(self.fc((x @ self.w + self.b).flatten(1)[:, :70]))
 
 
+@pytest.mark.parametrize("tokens", ["static", "symbolic"])
+def test_rows_reshaped_back_by_a_constant_shape_where_only_the_batch_is_unknown(tokens):
+    """A MatMul by a constant on [B, T, K], run on [1, B T, 1, K] rows: reshaped back to [-1, T, N]
+    by a constant where T is static; by the input's Shape where T is symbolic too."""
+    torch.manual_seed(0)
+    g, x = quantized_graph(Tokens(), (2, 7, 12))
+    matmul = next(n for n in g.nodes if n.op == "MatMul")
+    if tokens == "symbolic":
+        g.values[matmul.inputs[0]].shape = [g.values[matmul.inputs[0]].shape[0], "T", 12]
+    low = both(g, {g.inputs[0]: x}, "fixedpoint")["qoperator"]
+    shapes = [n for n in low.model.graph.node if n.op_type == "Shape" and n.input[0] == matmul.inputs[0]]
+    assert len(shapes) == (tokens == "symbolic")
+
+
 @pytest.mark.parametrize("apart", [None, "concat", "scatter"])
 @pytest.mark.parametrize("signed", [False, True])
 def test_matmul_by_a_constant_and_gemm_run_channels_last_as_one_product(apart, signed, monkeypatch):

@@ -280,10 +280,17 @@ class QOperatorBuilder(LoweringBuilder):
         else:
             t = self._qlinear_conv(node, x4, w, scales, bias, proven, attrs)
         if channels_last:  # [1, M, 1, N] back to [..., N]
-            lead = self.emit("Shape", [x], f"{y}::{node.name}::lead", end=-1)
-            shape = self.emit("Concat", [lead, self.const(f"{node.name}::n", np.int64([w.shape[0]]))],
-                              f"{y}::{node.name}::shape", axis=0)
-            self.emit("Reshape", [t, shape], y)
+            self.emit("Reshape", [t, self._rows_shape(node, x, w.shape[0])], y)
+
+    def _rows_shape(self, node, x: str, last: int) -> str:
+        """The shape of ``x`` ([..., K]) with ``last`` for its last axis, for a Reshape back from rows: a
+        constant where only the batch axis is unknown (two nodes fewer per linear layer), else computed."""
+        xs = self.graph.values[x].shape
+        if len(xs) >= 2 and all(isinstance(d, int) for d in xs[1:-1]):
+            return self.const(f"{node.name}::out_shape", np.int64([-1, *xs[1:-1], last]))
+        lead = self.emit("Shape", [x], f"{node.outputs[0]}::{node.name}::lead", end=-1)
+        return self.emit("Concat", [lead, self.const(f"{node.name}::n", np.int64([last]))],
+                         f"{node.outputs[0]}::{node.name}::shape", axis=0)
 
     def _qlinear_conv(self, node, x4: str, w: np.ndarray, scales, bias, proven, attrs: dict) -> str:
         """QLinearConv with the proven ``scales``, its fused activation's clip, and the channels not
@@ -634,7 +641,7 @@ class QOperatorBuilder(LoweringBuilder):
             ins[0] = self.emit("Reshape", [x, self.const(f"{node.name}::rows", np.int64([1, -1, 1, channels]))],
                                f"{x}::{node.name}::rows")
             t = self.emit("QLinearConv", ins, f"{y}::rows", domain="com.microsoft", channels_last=1, group=channels)
-            self.emit("Reshape", [t, self.emit("Shape", [x], f"{y}::{node.name}::shape")], y)
+            self.emit("Reshape", [t, self._rows_shape(node, x, channels)], y)
         self.report[node.name] = "QLinearConv, depthwise (its scales proven on each channel's product range)"
         return True
 
