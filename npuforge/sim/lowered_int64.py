@@ -10,7 +10,8 @@ two) below 2^53, whatever the order of the sums, else in ONNX Runtime's int64 ar
 whose products stay below 2^62 by the rules' own bounds. ``Div`` of non-negative int64 values
 is floor division; a floor division by 2^t of a signed value is ``(a + 2^62) >> t`` as uint64
 less ``2^(62 - t)`` where the value's bound allows, else ``(a - Mod(a, 2^t)) / 2^t``; the
-integer square root is a float64 estimate biased below, corrected by one step upward.
+integer square root is a float64 estimate biased below, corrected by one step upward, and the
+normalization's ``isqrt(2^60 // D)`` for D below 2^23 one float64 ``floor(2^30 / sqrt(D))``.
 
 Each function takes the builder (its ``emit``, ``const``, ``activation``, ``plain``)
 and the node, emits into the node's output (values ``q - zp`` in float32, as the
