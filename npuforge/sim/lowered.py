@@ -380,7 +380,7 @@ class _Builder(TableLowerings, LoweringBuilder):
 
         x, pre = node.inputs[0], node.name
         zp = int(xq.zero_point)
-        if xq.dtype in ("uint8", "int8"):
+        if xq.dtype in BYTE_CODES:
             if not prep["fits_int32"]:
                 self.refuse(node, f"accumulators up to {prep['bound']} are beyond int32")
             parts = [(x, byte_offset(xq), 1, "")]  # (values, code offset, weight, tag)

@@ -164,7 +164,7 @@ class _Normalization:
         # below 2^53, c times r / 2^(h + down) (a power of two apart from r) is exact in float64, and so its Floor
         self.float64_u = self.exact is not None and max((math.isqrt(n) + 1) << 30, self.c_max * R_ABOVE_SHIFT) < 1 << 53
         # no c at all: u = floor(x N rs - S rs), both products exact and so their difference, c rs; W = N sum(x^2) - S^2
-        # per slice, S and (N m^2 below 2^24) sum(x^2) in float32. Four float64 passes over the input where c took six
+        # per slice, S and (N m^2 below 2^24) sum(x^2) in float32. Four float64 passes over the input where c took five
         self.rows = self.float64_d and self.float64_u and n * self.m < ROWS_BELOW
         self.down = layernorm_rule.down_shift(n)
         self.g, self.bias = plain._int(node, "scale").astype(np.int64), plain._int(node, "bias").astype(np.int64)
