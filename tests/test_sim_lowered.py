@@ -1147,6 +1147,20 @@ def test_a_right_shift_is_folded_where_that_lets_qlinearconv_reproduce_the_chann
     assert lowering == "QLinearConv" or int(lowering.split("; ")[1].split()[0]) <= 8 - folded
 
 
+def unprove(monkeypatch, apart) -> None:
+    """QOperatorBuilder's proven float32 scales, less the channels where ``apart(node, channel)`` holds
+    (``channel``: the node's channel indices), which then run apart."""
+    from npuforge.sim.qoperator import QOperatorBuilder
+
+    scales = QOperatorBuilder._scales
+
+    def some_unproven(self, node):
+        s, bias, proven = scales(self, node)
+        return s, bias, proven & ~apart(node, np.arange(len(proven)))
+
+    monkeypatch.setattr(QOperatorBuilder, "_scales", some_unproven)
+
+
 @pytest.mark.parametrize("case", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("mode", ["fixedpoint", "onnx"])
 @pytest.mark.parametrize("few", [False, True])
@@ -1159,17 +1173,10 @@ def test_channels_without_a_float32_scale_run_apart(case, mode, few, monkeypatch
     channels-last axis. With more than half the channels apart and a MatMulInteger, all of them
     run that way and no QLinearConv. (Outputs past SMALL_OUTPUT per sample: the tests' are small.)"""
     from npuforge.sim import qoperator
-    from npuforge.sim.qoperator import QOperatorBuilder, signed_weights_exact
+    from npuforge.sim.qoperator import signed_weights_exact
 
     monkeypatch.setattr(qoperator, "SMALL_OUTPUT", 0)
-    scales = QOperatorBuilder._scales
-
-    def some_unproven(self, node):
-        s, bias, proven = scales(self, node)
-        channel = np.arange(len(proven))
-        return s, bias, proven & ((channel != 1) if few else (channel % 3 != 1))
-
-    monkeypatch.setattr(QOperatorBuilder, "_scales", some_unproven)
+    unprove(monkeypatch, lambda node, channel: (channel == 1) if few else (channel % 3 == 1))
     rng = np.random.default_rng(400 + case)
     args = dict(CONV_CASES[case])
     if few:
@@ -1194,17 +1201,11 @@ def test_channels_without_a_float32_scale_run_apart(case, mode, few, monkeypatch
 def test_a_small_layer_with_a_channel_apart_runs_whole_on_the_integer_kernel(mode, monkeypatch):
     """A classifier's Gemm (12 outputs per sample, at most SMALL_OUTPUT) with one channel no float32
     scale reproduces: every channel on MatMulInteger, no QLinearConv to merge with."""
-    from npuforge.sim.qoperator import QOperatorBuilder, signed_weights_exact
+    from npuforge.sim.qoperator import signed_weights_exact
 
     if not signed_weights_exact():
         pytest.skip("MatMulInteger's u8s8 kernels are exact only where ONNX Runtime has VNNI (x86)")
-    scales = QOperatorBuilder._scales
-
-    def one_unproven(self, node):
-        s, bias, proven = scales(self, node)
-        return s, bias, proven & ((np.arange(len(proven)) != 1) | (node.op != "Gemm"))
-
-    monkeypatch.setattr(QOperatorBuilder, "_scales", one_unproven)
+    unprove(monkeypatch, lambda node, channel: (channel == 1) & (node.op == "Gemm"))
     module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
                                  torch.nn.Flatten(), torch.nn.Linear(8, 12))
     g, x = quantized_graph(module, (2, 3, 8, 8))
@@ -1252,16 +1253,9 @@ def test_matmul_by_a_constant_and_gemm_run_channels_last_as_one_product(apart, s
     expanded to the rows. Codes equal the plain path's with uint8 weights (u8u8); with int8 ones
     (u8s8, taken on VNNI) they must where ONNX Runtime sums u8s8 exactly."""
     from npuforge.sim import qoperator
-    from npuforge.sim.qoperator import QOperatorBuilder
-
-    scales = QOperatorBuilder._scales
-
-    def some_unproven(self, node):
-        s, bias, proven = scales(self, node)
-        return s, bias, proven & (np.arange(len(proven)) % 3 != 1)
 
     if apart:  # merged into QLinearConv's output, however small the layer
-        monkeypatch.setattr(QOperatorBuilder, "_scales", some_unproven)
+        unprove(monkeypatch, lambda node, channel: channel % 3 == 1)
         monkeypatch.setattr(qoperator, "SMALL_OUTPUT", 0)
     if apart == "scatter":  # (a third of the channels: merged by a ScatterElements all the same)
         monkeypatch.setattr(qoperator, "SCATTER_FRACTION", 2)
