@@ -369,6 +369,53 @@ def test_global_and_windowed_pools_lowered(mode):
         assert "window sums" in lows["float"].lowering["n"]
 
 
+def every_sum(p, count: int) -> np.ndarray:
+    """uint8 codes [S, count]: row k sums (less the zero point) to the k-th of every sum ``count``
+    codes of ``p`` can reach, in order (full rows, then one partial code, then the lowest)."""
+    span = p.qmax - p.qmin
+    above = np.arange(count * span + 1)  # each row's sum of q - qmin
+    j = np.arange(count)
+    rows = np.where(j < above[:, None] // span, span, np.where(j == above[:, None] // span, above[:, None] % span, 0))
+    return (rows + p.qmin).astype(np.uint8)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("x_zero", [0, 97])
+@pytest.mark.parametrize("spatial", [(7, 7), (49,), (5, 5)])
+def test_global_average_pool_on_every_sum(mode, x_zero, spatial):
+    """QLinearGlobalAveragePool where a float32 scale is proven on every sum (always for the onnx
+    rounding; for the others here with an input after a Relu, zero point 0), else the float lowering's
+    table: equal to the plain path on an input whose channels reach every sum the codes can."""
+    rng = np.random.default_rng(360 + x_zero + len(spatial))
+    count = int(np.prod(spatial))
+    xp_, yp = qp("uint8", rng.uniform(0.005, 0.05), x_zero), qp("uint8", rng.uniform(0.004, 0.02), 3)
+    x = every_sum(xp_, count)
+    x = x.reshape(1, x.shape[0], *spatial)
+    b = G()
+    b.input("x", x.shape, xp_)
+    g = b.node("GlobalAveragePool", ["x"], (*x.shape[:2],) + (1,) * len(spatial), yp, {},
+               requant_ints(np.float64(xp_.scale) / np.float64(yp.scale)))
+    lows = both(g, {"x": x}, mode)
+    how = lows["qoperator"].lowering["n"]
+    if mode == "onnx" or x_zero == 0:  # (sums of both signs: proven or not, equal all the same)
+        assert how.startswith("QLinearGlobalAveragePool"), how
+    assert len(np.unique(IntegerSimulator(g, mode).run({"x": x}, dequantize=False)["y"])) > 200
+
+
+def test_global_average_pool_with_no_scale_proven_runs_in_float(monkeypatch):
+    """Where no candidate scale is proven (here: only one 100,000 ulps off), the float lowering's table."""
+    from npuforge.sim import qoperator
+
+    monkeypatch.setattr(qoperator, "POOL_NUDGES", (100_000,))
+    xp_, yp = qp("uint8", 0.02, 0), qp("uint8", 0.01, 0)
+    x = every_sum(xp_, 9).reshape(1, -1, 3, 3)
+    b = G()
+    b.input("x", x.shape, xp_)
+    g = b.node("GlobalAveragePool", ["x"], (*x.shape[:2], 1, 1), yp, {}, requant_ints(np.float64(2.0)))
+    how = both(g, {"x": x}, "fixedpoint")["qoperator"].lowering["n"]
+    assert how.startswith("in float (no float32 scale reproduces its rounding)"), how
+
+
 class Sums(torch.nn.Module):
     def __init__(self):
         super().__init__()

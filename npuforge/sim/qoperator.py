@@ -22,7 +22,7 @@ integer operators (QOperator form), on uint8 codes.
 * Add of two same-shaped activations, in every rounding mode: com.microsoft
   ``QLinearAdd``, with ratios proven equal to the Add's table of all 65,536 results
   (:mod:`npuforge.sim.qlinear_add`). Mul (``onnx``): ``QLinearMul``;
-  GlobalAveragePool (``onnx``): ``QLinearGlobalAveragePool``.
+  GlobalAveragePool: ``QLinearGlobalAveragePool`` (``onnx``; the others with a scale proven on every sum).
 * lookup ops: a lookup (``GatherElements``) in the plain simulator's table.
 * ops that move codes: the op itself, on uint8 (a Pad filling with its value's code; a 2-D
   MaxPool as ONNX Runtime's channels-last NhwcMaxPool, which its channels-first uint8 one is not).
@@ -30,7 +30,7 @@ integer operators (QOperator form), on uint8 codes.
 A Conv's channels that no float32 scale reproduces run apart: ``MatMulInteger`` on the
 channels-last input for a 1x1 convolution (ONNX Runtime runs QLinearConv channels-last, so
 no layout transposes), ``ConvInteger`` otherwise, then a proven float formula, merged back in
-channel order. Any other node (fixed-point pooling, a broadcast Add, Sub, a node with an
+channel order. Any other node (a windowed pooling, a broadcast Add, Sub, a node with an
 int16 operand...) is lowered by the float lowering
 (:mod:`npuforge.sim.lowered`) between conversions of its activations from codes
 to float ``q - zp`` and back, so one session runs the whole graph; what it
@@ -59,6 +59,7 @@ from .monotone_fit import Formula, fit_channels, float32_nudged, verify
 SCATTER_FRACTION = 16  # at most one channel in 16 apart: merged by a scatter (see _merge)
 SMALL_OUTPUT = 1024  # outputs per sample up to this, with channels apart: all on the integer kernel, no merge
 SCALE_NUDGES = tuple(sorted(range(-3, 4), key=abs))  # ulps from float32(multiplier) tried per channel
+POOL_NUDGES = tuple(sorted(range(-64, 65), key=abs))  # one scale per pool: more of them tried
 
 MOVERS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "MaxPool", "Slice", "Split",
           "Gather", "Concat", "Pad"}
@@ -646,11 +647,54 @@ class QOperatorBuilder(LoweringBuilder):
         return True
 
     def _pool(self, node):
-        if self.plain.rounding != "onnx" or node.op != "GlobalAveragePool":
+        """GlobalAveragePool as com.microsoft ``QLinearGlobalAveragePool``, which outputs
+        ``rint(float32(sum) * s)`` of each channel's int32 sum of ``q - zp``, ``s`` the float32
+        ``x_scale / (y_scale * count)``: the ``onnx`` rounding by definition; for the others
+        with ``x_scale`` a float32 near the rule's ``s_x / s_y`` and ``y_scale`` 1, kept where
+        :func:`~npuforge.sim.monotone_fit.fit` proves it equal to the node's rule on every sum
+        the input's codes can reach (:meth:`_pool_scale`). Else in float."""
+        x, y = node.inputs[0], node.outputs[0]
+        shape = self.graph.values[x].shape
+        if node.op != "GlobalAveragePool" or len(shape) < 3 or not all(isinstance(d, int) for d in shape[2:]):
             return self._in_float(node, "no QLinear form")
-        x = node.inputs[0]
-        self.emit("QLinearGlobalAveragePool", [x, *self.qparams(node, x), *self.qparams(node, node.outputs[0])],
-                  node.outputs[0], "com.microsoft", channels_last=0)
+        if self.plain.rounding == "onnx":
+            scales = [self.qparams(node, x)[0], self.qparams(node, y)[0]]
+        else:
+            x_scale = self._pool_scale(node, int(np.prod(shape[2:])))
+            if x_scale is None:
+                return self._in_float(node, "no float32 scale reproduces its rounding")
+            scales = [self.const(f"{node.name}::x_scale", x_scale), self.const("unit_scale", np.float32(1))]
+        yq = self.codes(node, y)
+        narrow = (yq.qmin, yq.qmax) != (0, 255)
+        t = self.emit("QLinearGlobalAveragePool", [x, scales[0], self.zero_point(node, x), scales[1],
+                                                   self.zero_point(node, y)],
+                      f"{y}::pooled" if narrow else y, "com.microsoft", channels_last=0)
+        if narrow:
+            self.emit("Clip", [t, self.const(f"{y}::qmin", np.uint8(yq.qmin)), self.const(f"{y}::qmax",
+                                                                                         np.uint8(yq.qmax))], y)
+        self.report[node.name] = "QLinearGlobalAveragePool" + ("" if self.plain.rounding == "onnx" else
+                                                               " (its scale proven on every sum)")
+
+    def _pool_scale(self, node, count: int) -> np.float32 | None:
+        """The float32 x_scale (y_scale 1) whose ``rint(float32(sum) * float32(x_scale / count))``
+        equals the node's rule, clamped, on every sum of ``count`` codes; None where no scale
+        within 64 ulps of ``s_x / s_y`` does (a rule rounding half away from zero on sums of both
+        signs, say)."""
+        xq, yq = self.codes(node, node.inputs[0]), self.codes(node, node.outputs[0])
+        zx, zy = int(xq.zero_point), int(yq.zero_point)
+        a, b = np.array([count * (xq.qmin - zx)]), np.array([count * (xq.qmax - zx)])
+        lo, hi = np.array([yq.qmin - zy]), np.array([yq.qmax - zy])
+
+        def exact(total: np.ndarray) -> np.ndarray:
+            y = self.plain.pool_output(node, torch.from_numpy(total), torch.tensor(count)).numpy()
+            return np.clip(y, yq.qmin, yq.qmax) - zy
+
+        x_scales = [float32_nudged(np.array([float(xq.scale) / float(yq.scale)]), ulps) for ulps in POOL_NUDGES]
+        candidates = [Formula(s / np.float32(count), rnd="round") for s in x_scales]  # ONNX Runtime's float32 s
+        formula, proven = fit_channels(exact, candidates, a, b, lo, hi)
+        if not proven[0]:
+            return None
+        return next(s for s, f in zip(x_scales, candidates) if f.r[0] == formula.r[0])[0]
 
     def _matmul(self, node):
         """A MatMul of two activations (attention's Q K^T and its weights times V) as QLinearMatMul,
