@@ -1279,15 +1279,21 @@ class Tokens(torch.nn.Module):
 @pytest.mark.parametrize("tokens", ["static", "symbolic"])
 def test_rows_reshaped_back_by_a_constant_shape_where_only_the_batch_is_unknown(tokens):
     """A MatMul by a constant on [B, T, K], run on [1, B T, 1, K] rows: reshaped back to [-1, T, N]
-    by a constant where T is static; by the input's Shape where T is symbolic too."""
+    by a constant where T is static; by the input's Shape where T is symbolic too. The same for its
+    bias Add: QLinearAdd of the codes stored at one sample's shape [1, T, N] (broadcast over a batch
+    of 4), or expanded at run time to the activation's."""
     torch.manual_seed(0)
     g, x = quantized_graph(Tokens(), (2, 7, 12))
     matmul = next(n for n in g.nodes if n.op == "MatMul")
     if tokens == "symbolic":
         g.values[matmul.inputs[0]].shape = [g.values[matmul.inputs[0]].shape[0], "T", 12]
+        g.values[matmul.outputs[0]].shape = [g.values[matmul.outputs[0]].shape[0], "T", 10]
     low = both(g, {g.inputs[0]: x}, "fixedpoint")["qoperator"]
     shapes = [n for n in low.model.graph.node if n.op_type == "Shape" and n.input[0] == matmul.inputs[0]]
     assert len(shapes) == (tokens == "symbolic")
+    bias = next(n for n in g.nodes if n.op == "Add")
+    assert x.shape[0] > 1 and low.lowering[bias.name].startswith("QLinearAdd of the constant's codes")
+    assert [n.op_type for n in low.model.graph.node].count("Expand") == (tokens == "symbolic")
 
 
 @pytest.mark.parametrize("apart", [None, "concat", "scatter"])

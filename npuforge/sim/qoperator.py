@@ -59,6 +59,7 @@ from .monotone_fit import Formula, fit_channels, float32_nudged, verify
 SCATTER_FRACTION = 16  # at most one channel in 16 apart: merged by a scatter (see _merge)
 SMALL_OUTPUT = 1024  # outputs per sample up to this, with channels apart: all on the integer kernel, no merge
 SCALE_NUDGES = tuple(sorted(range(-3, 4), key=abs))  # ulps from float32(multiplier) tried per channel
+EXPANDED_BYTES = 1 << 18  # a constant Add operand stored at one sample's shape up to this size, else expanded
 POOL_NUDGES = tuple(sorted(range(-64, 65), key=abs))  # one scale per pool: more of them tried
 
 MOVERS = {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity", "MaxPool", "Slice", "Split",
@@ -191,8 +192,9 @@ class QOperatorBuilder(LoweringBuilder):
                                         f"{y}::fq")
                     self.emit("Cast", [shifted], y, to=self.elem_type(y))
                 continue
-            shifted = self.emit("Add", [f"{y}::f", self.const(f"{y}::zp_f", self._zero_point(y))], f"{y}::fq")
-            self.emit("Cast", [shifted], y, to=TensorProto.UINT8)
+            # the clamped integers q - zp back to codes: rint(v / 1) + zp, one pass where Add and Cast took two
+            self.emit("QuantizeLinear", [f"{y}::f", self.const("unit_scale", np.float32(1)), self.zero_point(node, y)],
+                      y)
         self.report[node.name] = f"in float ({why}): {self._float.report.get(node.name, '')}"
 
     def _float_node(self, node):
@@ -231,10 +233,9 @@ class QOperatorBuilder(LoweringBuilder):
         if name in self._float_names:
             return self._float_names[name]
         self.codes(node, name)
-        if name not in self._float_names:
-            f = self.emit("Cast", [name], f"{name}::f32", to=TensorProto.FLOAT)
-            self._float_names[name] = self.emit("Sub", [f, self.const(f"{name}::zp_f", self._zero_point(name))],
-                                                f"{name}::f")
+        if name not in self._float_names:  # (q - zp) * 1: exact, one pass where Cast and Sub took two
+            self._float_names[name] = self.emit("DequantizeLinear", [name, self.const("unit_scale", np.float32(1)),
+                                                                     self.zero_point(node, name)], f"{name}::f")
         return self._float_names[name]
 
     # -- compute ---------------------------------------------------------------------------
@@ -421,8 +422,8 @@ class QOperatorBuilder(LoweringBuilder):
         how = f32._requantize(node, channel_subset(prep, rest), accf, bias, a, b, lo, hi,
                               [-1] if last else [-1, 1, 1], np.float64 if wide else np.float32, part)
         self.report[part.name] = ("MatMulInteger, " if last else "ConvInteger, ") + how
-        shifted = self.emit("Add", [f"{y}::rest_f", self.const(f"{y}::zp_f", self._zero_point(y))], f"{y}::rest_fq")
-        return self.emit("Cast", [shifted], f"{y}::rest_q", to=TensorProto.UINT8), last
+        return self.emit("QuantizeLinear", [f"{y}::rest_f", self.const("unit_scale", np.float32(1)),
+                                            self.zero_point(node, y)], f"{y}::rest_q"), last
 
     def _apart_form(self, node, w: np.ndarray, attrs: dict, channels_last: bool) -> str:
         """How ``_rest`` computes channels apart: ``matmul`` (a pointwise kernel, or a Gemm / MatMul),
@@ -581,9 +582,17 @@ class QOperatorBuilder(LoweringBuilder):
                                  float(qc.scale) / float(qy.scale))
         if ratios is None:
             return False
-        shape = self.emit("Shape", [x], f"{node.name}::shape")
-        wide = self.emit("Expand", [self.const(f"{node.name}::c", (codes + shift).astype(np.uint8)), shape],
-                         f"{node.name}::c_wide")
+        c_codes = (codes + shift).astype(np.uint8)
+        if (lead > 0 or codes.shape[0] == 1) and all(isinstance(d, int) for d in xs[1:]) and \
+                int(np.prod(xs[1:])) <= EXPANDED_BYTES:
+            # one sample's shape, stored: QLinearAdd broadcasts it over the batch axis alone, one same-shape
+            # span per sample (its same-shape kernel); no Shape and Expand at run time
+            wide = self.const(f"{node.name}::c_wide",
+                              np.ascontiguousarray(np.broadcast_to(c_codes.reshape((1,) * lead + codes.shape),
+                                                                   [1, *xs[1:]])))
+        else:
+            wide = self.emit("Expand", [self.const(f"{node.name}::c", c_codes),
+                                        self.emit("Shape", [x], f"{node.name}::shape")], f"{node.name}::c_wide")
         ins = [x, self.const(f"{node.name}::ra", ratios[0]), self.zero_point(node, x),
                wide, self.const(f"{node.name}::rb", ratios[1]), self.const(f"{node.name}::zc", np.uint8(zc)),
                self.const("unit_scale", np.float32(1)), self.zero_point(node, y)]
