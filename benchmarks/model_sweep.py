@@ -615,6 +615,13 @@ def run_worker(name: str, record_path: Path, workdir: Path, export_dir: Path | N
     from npuforge.sim.lowered import make_simulator
 
     lowered = stage("lowering", lambda: make_simulator(q, "fixedpoint", "ort"))
+    if lowered is not None and hasattr(lowered, "lowering") and hasattr(lowered, "model"):
+        # the IR's ops that run through the float lowering (between conversions of their codes) rather than
+        # ONNX Runtime's integer operators, and the lowered program's size
+        ops = {n.name: n.op for n in q.nodes}
+        in_float = [ops.get(k) for k, how in lowered.lowering.items() if how.startswith("in float")]
+        rec["lowered_in_float"] = {op: in_float.count(op) for op in sorted(set(in_float), key=str)}
+        rec["lowered_nodes"] = len(lowered.model.graph.node)
     if lowered is not None and plain.get("codes") is not None:
         def compare():
             codes = lowered.run(qfeeds, dequantize=False)
