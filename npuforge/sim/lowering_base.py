@@ -91,7 +91,12 @@ class LoweringBuilder:
         against 393 us)."""
         flat = self.emit("Reshape", [index, self.const("lookup_flat", np.array([-1], np.int64))], f"{output}::flat_ix")
         found = self.emit("GatherElements", [table, flat], f"{output}::flat", axis=0)
-        return self.emit("Reshape", [found, self.emit("Shape", [index], f"{output}::shape")], output)
+        v = self.graph.values.get(output)  # an IR value, static but for its batch axis: its shape a constant
+        if v is not None and len(v.shape) >= 1 and all(isinstance(d, int) for d in v.shape[1:]):
+            shape = self.const(f"{output}::shape", np.array([-1, *v.shape[1:]], np.int64))
+        else:
+            shape = self.emit("Shape", [index], f"{output}::shape")
+        return self.emit("Reshape", [found, shape], output)
 
     def float_op(self, node, renames: dict, quantized) -> None:
         """The op of a node the program runs in float, its ONNX nodes reading ``renames`` (value ->
