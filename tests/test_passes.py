@@ -4,6 +4,7 @@ graph (``optimize(..., verify=True)`` compares every output after every pass
 with the float executor, within 1e-5 of the output's magnitude)."""
 
 import json
+import math
 import warnings
 
 import numpy as np
@@ -610,6 +611,40 @@ def test_gelu_tanh_form_is_recognised(assoc):
     g = build(nodes, {"x": ["N", 16]}, ["y"], k)
     out = run(g, ["recognize_activations"])
     assert ops(out) == ["Gelu"] and out.nodes[0].attrs["approximate"] == "tanh" and out.nodes[0].inputs == ["x"]
+
+
+class GeluNew(nn.Module):
+    """Hugging Face's ``gelu_new`` (GPT-2, ALBERT), x^3 as ``torch.pow(x, 3.0)``."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 16)
+
+    def forward(self, x):
+        x = self.fc(x)
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def test_gelu_tanh_form_with_pow_is_recognised_and_quantizes_to_one_table():
+    m = GeluNew().eval()
+    graph = npuforge.from_torch(m, torch.zeros(2, 8))
+    assert "Pow" in graph.op_histogram()
+    out = run(graph, ["recognize_activations"])
+    gelu = [n for n in out.nodes if n.op == "Gelu"]
+    assert {"Pow", "Tanh"}.isdisjoint(ops(out)) and len(gelu) == 1 and gelu[0].attrs["approximate"] == "tanh"
+    x = RNG.standard_normal((5, 8)).astype(np.float32)
+    with torch.no_grad():
+        ref = m(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(out.run({out.inputs[0]: x})[out.outputs[0]], ref, rtol=0, atol=1e-5)
+    q = npuforge.quantize(graph, [RNG.standard_normal((4, 8)).astype(np.float32)], log=lambda msg: None)
+    assert q.op_histogram().get("Gelu") == 1 and "Tanh" not in q.op_histogram()
+    # x^4 is no cubic: left alone
+    g = build([node("Pow", ["x", "four"], ["x4"]), node("Add", ["x", "x4"], ["inner"]), node("Mul", ["s", "inner"], ["u"]),
+               node("Tanh", ["u"], ["t"]), node("Add", ["one", "t"], ["p"]), node("Mul", ["x", "p"], ["xp"]),
+               node("Mul", ["xp", "half"], ["y"])], {"x": ["N", 8]}, ["y"],
+              {"four": np.array(4.0, np.float32), "s": np.array(np.sqrt(2 / np.pi), np.float32),
+               "one": np.array(1.0, np.float32), "half": np.array(0.5, np.float32)})
+    assert "Gelu" not in ops(run(g, ["recognize_activations"]))
 
 
 def test_erf_gelu_as_torch_exports_it_is_recognised():

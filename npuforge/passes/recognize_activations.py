@@ -7,8 +7,9 @@
   (how torch exports nn.GELU() before opset 20: Div, Erf, Add, Mul, Mul)
 * GELU, tanh approximation:
              0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))  -> Gelu(x, approximate="tanh")
-  with x^3 written as x * x * x, the constants and the products in any order or
-  association, and ``/ c`` for ``* (1/c)``.
+  with x^3 written as x * x * x or Pow(x, 3) (Hugging Face's ``gelu_new``: GPT-2,
+  ALBERT), the constants and the products in any order or association, and ``/ c``
+  for ``* (1/c)``.
 
 How: the factors of a product tree (Mul, and Div by a constant scalar) are
 collected; one factor must be a "marker" (Sigmoid, HardSigmoid, Clip, or
@@ -64,11 +65,21 @@ def _poly(graph, name: str, x: str, producers: dict, depth: int = 0) -> dict | N
     if c is not None:
         return {0: c}
     prod = producers.get(name)
-    if prod is None or depth > 12 or prod.op not in ("Add", "Sub", "Mul", "Div"):
+    if prod is None or depth > 12 or prod.op not in ("Add", "Sub", "Mul", "Div", "Pow"):
         return None
     a = _poly(graph, prod.inputs[0], x, producers, depth + 1)
     if a is None:
         return None
+    if prod.op == "Pow":  # a small whole exponent: a times itself
+        e = scalar(graph, prod.inputs[1])
+        if e is None or e not in (1.0, 2.0, 3.0):
+            return None
+        out = {0: 1.0}
+        for _ in range(int(e)):
+            out = _times(out, a)
+            if out is None:
+                return None
+        return out
     if prod.op == "Div":
         d = scalar(graph, prod.inputs[1])
         return None if d is None or d == 0.0 else {k: v / d for k, v in a.items()}
@@ -81,6 +92,11 @@ def _poly(graph, name: str, x: str, producers: dict, depth: int = 0) -> dict | N
         for k, v in b.items():
             out[k] = out.get(k, 0.0) + sign * v
         return out
+    return _times(a, b)
+
+
+def _times(a: dict, b: dict) -> dict | None:
+    """The product of two polynomials, or None past degree 3."""
     out: dict = {}
     for i, u in a.items():
         for j, v in b.items():
@@ -114,6 +130,8 @@ def _candidates(graph, name: str, producers: dict) -> list:
         prod = producers.get(v)
         if prod is not None and prod.op in ("Add", "Sub", "Mul", "Div"):
             queue.extend(i for i in prod.inputs if i)
+        elif prod is not None and prod.op == "Pow":
+            queue.append(prod.inputs[0])
     return out
 
 
