@@ -382,10 +382,12 @@ def every_sum(p, count: int) -> np.ndarray:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("x_zero", [0, 97])
 @pytest.mark.parametrize("spatial", [(7, 7), (49,), (5, 5)])
-def test_global_average_pool_on_every_sum(mode, x_zero, spatial):
-    """QLinearGlobalAveragePool where a float32 scale is proven on every sum (always for the onnx
-    rounding; for the others here with an input after a Relu, zero point 0), else the float lowering's
-    table: equal to the plain path on an input whose channels reach every sum the codes can."""
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "ReduceMean"])
+def test_global_average_pool_on_every_sum(mode, x_zero, spatial, op):
+    """QLinearGlobalAveragePool, for a GlobalAveragePool and a ReduceMean over the axes after the
+    channels, where a float32 scale is proven on every sum (always for the onnx rounding; for the
+    others here with an input after a Relu, zero point 0), else the float lowering's table: equal to
+    the plain path on an input whose channels reach every sum the codes can."""
     rng = np.random.default_rng(360 + x_zero + len(spatial))
     count = int(np.prod(spatial))
     xp_, yp = qp("uint8", rng.uniform(0.005, 0.05), x_zero), qp("uint8", rng.uniform(0.004, 0.02), 3)
@@ -393,13 +395,29 @@ def test_global_average_pool_on_every_sum(mode, x_zero, spatial):
     x = x.reshape(1, x.shape[0], *spatial)
     b = G()
     b.input("x", x.shape, xp_)
-    g = b.node("GlobalAveragePool", ["x"], (*x.shape[:2],) + (1,) * len(spatial), yp, {},
+    inputs, attrs = ["x"], {}
+    if op == "ReduceMean":
+        inputs.append(b.const("axes", np.arange(2, x.ndim, dtype=np.int64)))
+        attrs = {"keepdims": 1, "noop_with_empty_axes": 0}
+    g = b.node(op, inputs, (*x.shape[:2],) + (1,) * len(spatial), yp, attrs,
                requant_ints(np.float64(xp_.scale) / np.float64(yp.scale)))
     lows = both(g, {"x": x}, mode)
     how = lows["qoperator"].lowering["n"]
     if mode == "onnx" or x_zero == 0:  # (sums of both signs: proven or not, equal all the same)
         assert how.startswith("QLinearGlobalAveragePool"), how
     assert len(np.unique(IntegerSimulator(g, mode).run({"x": x}, dequantize=False)["y"])) > 200
+
+
+def test_reduce_mean_over_the_channels_runs_in_float():
+    """A ReduceMean over the channel axis is no QLinearGlobalAveragePool."""
+    xp_, yp = qp("uint8", 0.02, 0), qp("uint8", 0.01, 0)
+    x = every_sum(xp_, 9).reshape(1, -1, 9)[:, :40].transpose(0, 2, 1).copy()  # [1, 9, 40]: channels summed
+    b = G()
+    b.input("x", x.shape, xp_)
+    g = b.node("ReduceMean", ["x", b.const("axes", np.array([1], np.int64))], (1, 1, 40), yp,
+               {"keepdims": 1, "noop_with_empty_axes": 0}, requant_ints(np.float64(2.0)))
+    how = both(g, {"x": x}, "fixedpoint")["qoperator"].lowering["n"]
+    assert how.startswith("in float"), how
 
 
 def test_global_average_pool_with_no_scale_proven_runs_in_float(monkeypatch):

@@ -656,17 +656,18 @@ class QOperatorBuilder(LoweringBuilder):
         return True
 
     def _pool(self, node):
-        """GlobalAveragePool as com.microsoft ``QLinearGlobalAveragePool``, which outputs
-        ``rint(float32(sum) * s)`` of each channel's int32 sum of ``q - zp``, ``s`` the float32
-        ``x_scale / (y_scale * count)``: the ``onnx`` rounding by definition; for the others
-        with ``x_scale`` a float32 near the rule's ``s_x / s_y`` and ``y_scale`` 1, kept where
-        :func:`~npuforge.sim.monotone_fit.fit` proves it equal to the node's rule on every sum
-        the input's codes can reach (:meth:`_pool_scale`). Else in float."""
+        """GlobalAveragePool, and ReduceMean over the same axes (every one after the channels,
+        kept: a squeeze-and-excitation block's), as com.microsoft ``QLinearGlobalAveragePool``,
+        which outputs ``rint(float32(sum) * s)`` of each channel's int32 sum of ``q - zp``, ``s``
+        the float32 ``x_scale / (y_scale * count)``: a GlobalAveragePool's ``onnx`` rounding by
+        definition; otherwise with ``x_scale`` a float32 near the rule's ``s_x / s_y`` and
+        ``y_scale`` 1, kept where :func:`~npuforge.sim.monotone_fit.fit` proves it equal to the
+        node's rule on every sum the input's codes can reach (:meth:`_pool_scale`). Else in float."""
         x, y = node.inputs[0], node.outputs[0]
         shape = self.graph.values[x].shape
-        if node.op != "GlobalAveragePool" or len(shape) < 3 or not all(isinstance(d, int) for d in shape[2:]):
+        if not self._spatial_mean(node, shape) or not all(isinstance(d, int) for d in shape[2:]):
             return self._in_float(node, "no QLinear form")
-        if self.plain.rounding == "onnx":
+        if self.plain.rounding == "onnx" and node.op == "GlobalAveragePool":
             scales = [self.qparams(node, x)[0], self.qparams(node, y)[0]]
         else:
             x_scale = self._pool_scale(node, int(np.prod(shape[2:])))
@@ -683,6 +684,18 @@ class QOperatorBuilder(LoweringBuilder):
                                                                                          np.uint8(yq.qmax))], y)
         self.report[node.name] = "QLinearGlobalAveragePool" + ("" if self.plain.rounding == "onnx" else
                                                                " (its scale proven on every sum)")
+
+    def _spatial_mean(self, node, shape) -> bool:
+        """Whether ``node`` averages each channel over every axis after it, keeping them."""
+        if len(shape) < 3:
+            return False
+        if node.op == "GlobalAveragePool":
+            return True
+        if node.op != "ReduceMean" or not node.attrs.get("keepdims", 1) or len(node.inputs) < 2 or \
+                not node.inputs[1]:
+            return False
+        axes = sorted(int(a) % len(shape) for a in np.asarray(self.graph.values[node.inputs[1]].data).reshape(-1))
+        return axes == list(range(2, len(shape)))
 
     def _pool_scale(self, node, count: int) -> np.float32 | None:
         """The float32 x_scale (y_scale 1) whose ``rint(float32(sum) * float32(x_scale / count))``
