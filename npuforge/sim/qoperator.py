@@ -583,7 +583,7 @@ class QOperatorBuilder(LoweringBuilder):
         if ratios is None:
             return False
         c_codes = (codes + shift).astype(np.uint8)
-        if (lead > 0 or codes.shape[0] == 1) and all(isinstance(d, int) for d in xs[1:]) and \
+        if xs and (lead > 0 or codes.shape[0] == 1) and all(isinstance(d, int) for d in xs[1:]) and \
                 int(np.prod(xs[1:])) <= EXPANDED_BYTES:
             # one sample's shape, stored: QLinearAdd broadcasts it over the batch axis alone, one same-shape
             # span per sample (its same-shape kernel); no Shape and Expand at run time
@@ -692,7 +692,7 @@ class QOperatorBuilder(LoweringBuilder):
         if node.op == "GlobalAveragePool":
             return True
         if node.op != "ReduceMean" or not node.attrs.get("keepdims", 1) or len(node.inputs) < 2 or \
-                not node.inputs[1]:
+                not node.inputs[1] or not self.graph.values[node.inputs[1]].is_const:
             return False
         axes = sorted(int(a) % len(shape) for a in np.asarray(self.graph.values[node.inputs[1]].data).reshape(-1))
         return axes == list(range(2, len(shape)))
