@@ -613,6 +613,40 @@ def test_gelu_tanh_form_is_recognised(assoc):
     assert ops(out) == ["Gelu"] and out.nodes[0].attrs["approximate"] == "tanh" and out.nodes[0].inputs == ["x"]
 
 
+class NormThenAffine(nn.Module):
+    """GroupNorm with one channel per group (InstanceNormalization, then Mul and Add by [C, 1]) and a
+    LayerNorm without its own affine, then * w + b; last a Mul along time, no parameter's axis."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.group = nn.Conv1d(1, 8, 5, stride=2), nn.GroupNorm(8, 8)
+        self.layer = nn.LayerNorm(8, elementwise_affine=False)
+        self.w, self.b = nn.Parameter(torch.linspace(-1.5, 2.0, 8)), nn.Parameter(torch.linspace(0.5, -0.5, 8))
+        self.ramp = nn.Parameter(torch.linspace(0.1, 1.0, 30), requires_grad=False)
+
+    def forward(self, x):
+        y = self.group(self.conv(x))
+        return self.layer(y.transpose(1, 2)) * self.w + self.b, nn.functional.instance_norm(y) * self.ramp
+
+
+def test_mul_and_add_after_a_normalization_become_its_scale_and_bias():
+    m = NormThenAffine().eval()
+    with torch.no_grad():
+        m.group.weight.copy_(torch.linspace(0.5, 2.0, 8))
+        m.group.bias.copy_(torch.linspace(-1.0, 1.0, 8))
+    graph = npuforge.from_torch(m, torch.zeros(2, 1, 64))
+    out = run(graph, None)
+    hist = out.op_histogram()
+    assert hist.get("Add", 0) == 0 and hist.get("Mul", 0) == 1, hist  # the Mul along time stays
+    assert hist["InstanceNormalization"] == 2 and hist["LayerNormalization"] == 1
+    x = RNG.standard_normal((3, 1, 64)).astype(np.float32)
+    with torch.no_grad():
+        ref = [t.numpy() for t in m(torch.from_numpy(x))]
+    got = out.run({out.inputs[0]: x})
+    for name, r in zip(out.outputs, ref):
+        np.testing.assert_allclose(got[name], r, rtol=1e-5, atol=1e-5)
+
+
 class GeluNew(nn.Module):
     """Hugging Face's ``gelu_new`` (GPT-2, ALBERT), x^3 as ``torch.pow(x, 3.0)``."""
 

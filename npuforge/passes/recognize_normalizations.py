@@ -12,6 +12,12 @@ Layer normalization written out (exporters that predate LayerNormalization, Padd
 ``d = x - ReduceMean(x, axes)``, ``Div(d, Sqrt(ReduceMean(d * d or Pow(d, 2), axes) + eps))``,
 over trailing axes, then maybe ``* gamma`` and ``+ beta`` by constants. The Div becomes
 ``LayerNormalization(x, gamma, beta, axis, epsilon)``, taking over the Mul and Add.
+
+A LayerNormalization or InstanceNormalization followed by ``* g`` and / or ``+ b`` with constants
+on its parameters' axes (torch's GroupNorm with one channel per group exports as
+InstanceNormalization with unit scale, then Mul and Add by [C, 1] constants: wav2vec2's feature
+extractor) takes them over too: scale ``s g``, bias ``t g + b``. Each op left standing would be
+quantized and rounded on its own.
 """
 
 from __future__ import annotations
@@ -106,16 +112,60 @@ def _fits_layer_norm(graph, node, found: tuple) -> bool:
 
 def _affine_consumer(graph, name: str, op: str, normalized: tuple, users: dict):
     """(the only consumer of ``name``, its constant) if it is ``op`` by a constant that broadcasts to
-    the normalized shape; else (None, None)."""
+    the normalized shape (leading dims of 1 aside, up to ``name``'s rank); else (None, None)."""
     user = single_consumer(graph, name, users)
     if user is None or user.op != op:
         return None, None
     other = user.inputs[1] if user.inputs[0] == name else user.inputs[0]
     data = const(graph, other)
-    if data is None or data.ndim > len(normalized) or \
-            np.broadcast_shapes(data.shape, normalized) != tuple(normalized):
+    if data is None or data.ndim > len(graph.values[name].shape) or \
+            graph.values[user.outputs[0]].dtype != graph.values[name].dtype:
+        return None, None
+    while data.ndim > len(normalized) and data.shape[0] == 1:
+        data = data[0]
+    if data.ndim > len(normalized) or np.broadcast_shapes(data.shape, normalized) != tuple(normalized):
         return None, None
     return user, np.broadcast_to(data, normalized).astype(np.float32)
+
+
+def _parameter_shape(graph, node) -> tuple | None:
+    """The shape a normalization's scale and bias take against its input: a LayerNormalization's
+    normalized dims, an InstanceNormalization's [C, 1, ...]; None where not static."""
+    shape = graph.values[node.inputs[0]].shape
+    if node.op == "LayerNormalization":
+        dims = tuple(shape[node.attrs.get("axis", -1) % len(shape):])
+    else:
+        dims = (shape[1],) + (1,) * (len(shape) - 2) if len(shape) >= 2 else ()
+    return dims if dims and all(isinstance(d, int) for d in dims) else None
+
+
+def _absorb_affine(graph, node) -> bool:
+    """A LayerNormalization / InstanceNormalization takes over a following Mul and / or Add by
+    constants on its parameters' axes (see the module docstring)."""
+    dims = _parameter_shape(graph, node)
+    if dims is None:
+        return False
+    params = []
+    for k, default in ((1, 1.0), (2, 0.0)):  # scale, bias (constants, or absent)
+        name = node.inputs[k] if len(node.inputs) > k else ""
+        data = const(graph, name) if name else np.full(dims, default, np.float32)
+        if data is None:
+            return False
+        if node.op == "InstanceNormalization" and name:
+            data = data.reshape(dims)  # [C] -> [C, 1, ...]
+        params.append(np.broadcast_to(data, dims).astype(np.float32))
+    (scale, bias), taken = params, 0
+    for op in ("Mul", "Add"):
+        user, data = _affine_consumer(graph, node.outputs[0], op, dims, graph.consumers())
+        if user is not None:
+            absorb_consumer(graph, node, user)
+            scale, bias = (scale * data, bias * data) if op == "Mul" else (scale, bias + data)
+            taken += 1
+    if taken:
+        shape = (-1,) if node.op == "InstanceNormalization" else dims
+        node.inputs = [node.inputs[0], new_const(graph, f"{node.name}_scale", scale.reshape(shape)),
+                       new_const(graph, f"{node.name}_bias", bias.reshape(shape))]
+    return bool(taken)
 
 
 def _layer_norm(graph, node, found: tuple, users: dict) -> None:
@@ -138,11 +188,17 @@ def _layer_norm(graph, node, found: tuple, users: dict) -> None:
 
 
 @register_pass("recognize_normalizations",
-               "x / max(ReduceL2(x), eps) (F.normalize) -> L2Normalize; layer norm written out -> LayerNormalization")
+               "x / max(ReduceL2(x), eps) (F.normalize) -> L2Normalize; layer norm written out -> "
+               "LayerNormalization; a Mul / Add by constants after a normalization taken into its scale and bias")
 def recognize_normalizations(graph) -> int:
     changes = 0
     producers = graph.producers()
     for node in list(graph.nodes):
+        if node.op in ("LayerNormalization", "InstanceNormalization") and node in graph.nodes:
+            if _absorb_affine(graph, node):
+                producers = graph.producers()
+                changes += 1
+            continue
         if node.op != "Div" or graph.values[node.outputs[0]].dtype not in dtypes.FLOAT_DTYPES:
             continue
         layer = _layer_norm_of(graph, node, producers)
