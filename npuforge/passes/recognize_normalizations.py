@@ -139,6 +139,24 @@ def _parameter_shape(graph, node) -> tuple | None:
     return dims if dims and all(isinstance(d, int) for d in dims) else None
 
 
+def _take_affine(graph, node, dims: tuple, scale: np.ndarray, bias: np.ndarray | None) -> tuple:
+    """``node`` (a normalization with parameters ``scale`` and ``bias`` of shape ``dims``, bias None if
+    it has none) takes over a following Mul and then Add by constants that broadcast to ``dims``;
+    -> (scale, bias, how many it took)."""
+    taken = 0
+    for op in ("Mul", "Add"):
+        user, data = _affine_consumer(graph, node.outputs[0], op, dims, graph.consumers())
+        if user is None:
+            continue
+        absorb_consumer(graph, node, user)
+        if op == "Mul":
+            scale, bias = scale * data, None if bias is None else bias * data
+        else:
+            bias = data if bias is None else bias + data
+        taken += 1
+    return scale, bias, taken
+
+
 def _absorb_affine(graph, node) -> bool:
     """A LayerNormalization / InstanceNormalization takes over a following Mul and / or Add by
     constants on its parameters' axes (see the module docstring)."""
@@ -146,40 +164,27 @@ def _absorb_affine(graph, node) -> bool:
     if dims is None:
         return False
     params = []
-    for k, default in ((1, 1.0), (2, 0.0)):  # scale, bias (constants, or absent)
+    for k in (1, 2):  # scale, bias: constants, or absent (scale 1, no bias)
         name = node.inputs[k] if len(node.inputs) > k else ""
-        data = const(graph, name) if name else np.full(dims, default, np.float32)
-        if data is None:
+        data = const(graph, name) if name else None
+        if name and data is None:
             return False
-        if node.op == "InstanceNormalization" and name:
+        if data is not None and node.op == "InstanceNormalization":
             data = data.reshape(dims)  # [C] -> [C, 1, ...]
-        params.append(np.broadcast_to(data, dims).astype(np.float32))
-    (scale, bias), taken = params, 0
-    for op in ("Mul", "Add"):
-        user, data = _affine_consumer(graph, node.outputs[0], op, dims, graph.consumers())
-        if user is not None:
-            absorb_consumer(graph, node, user)
-            scale, bias = (scale * data, bias * data) if op == "Mul" else (scale, bias + data)
-            taken += 1
+        params.append(None if data is None else np.broadcast_to(data, dims).astype(np.float32))
+    scale = np.ones(dims, np.float32) if params[0] is None else params[0]
+    scale, bias, taken = _take_affine(graph, node, dims, scale, params[1])
     if taken:
         shape = (-1,) if node.op == "InstanceNormalization" else dims
-        node.inputs = [node.inputs[0], new_const(graph, f"{node.name}_scale", scale.reshape(shape)),
-                       new_const(graph, f"{node.name}_bias", bias.reshape(shape))]
+        node.inputs = [node.inputs[0], new_const(graph, f"{node.name}_scale", scale.reshape(shape))] + \
+            ([] if bias is None else [new_const(graph, f"{node.name}_bias", bias.reshape(shape))])
     return bool(taken)
 
 
-def _layer_norm(graph, node, found: tuple, users: dict) -> None:
+def _layer_norm(graph, node, found: tuple) -> None:
     x, axis, eps = found
     normalized = tuple(graph.values[x].shape[axis:])
-    gamma, beta = np.ones(normalized, np.float32), None
-    mul, scale = _affine_consumer(graph, node.outputs[0], "Mul", normalized, users)
-    if mul is not None:
-        absorb_consumer(graph, node, mul)
-        gamma = scale
-    add, shift = _affine_consumer(graph, node.outputs[0], "Add", normalized, graph.consumers())
-    if add is not None:
-        absorb_consumer(graph, node, add)
-        beta = shift
+    gamma, beta, _ = _take_affine(graph, node, normalized, np.ones(normalized, np.float32), None)
     inputs = [x, new_const(graph, f"{node.name}_gamma", gamma)]
     if beta is not None:
         inputs.append(new_const(graph, f"{node.name}_beta", beta))
@@ -194,7 +199,7 @@ def recognize_normalizations(graph) -> int:
     changes = 0
     producers = graph.producers()
     for node in list(graph.nodes):
-        if node.op in ("LayerNormalization", "InstanceNormalization") and node in graph.nodes:
+        if node.op in ("LayerNormalization", "InstanceNormalization"):
             if _absorb_affine(graph, node):
                 producers = graph.producers()
                 changes += 1
@@ -203,7 +208,7 @@ def recognize_normalizations(graph) -> int:
             continue
         layer = _layer_norm_of(graph, node, producers)
         if layer is not None and _fits_layer_norm(graph, node, layer):
-            _layer_norm(graph, node, layer, graph.consumers())
+            _layer_norm(graph, node, layer)
             producers = graph.producers()  # (a Mul and an Add taken over: their outputs are the node's now)
             changes += 1
             continue
