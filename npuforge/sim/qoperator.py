@@ -217,13 +217,18 @@ class QOperatorBuilder(LoweringBuilder):
         quantized = [y for y in node.outputs if y and g.values[y].quant is not None]
         self.float_op(node, renames, quantized)
         for y in quantized:
-            p = self.codes(node, y)
-            full = (p.qmin, p.qmax) == (0, 255)
-            t = self.emit("QuantizeLinear", [f"{y}::float", *self.qparams(node, y)], y if full else f"{y}::sat")
-            if not full:
-                self.emit("Clip", [t, self.const(f"{y}::qmin", np.uint8(p.qmin)),
-                                   self.const(f"{y}::qmax", np.uint8(p.qmax))], y)
+            self._saturated(node, y, "QuantizeLinear", [f"{y}::float", *self.qparams(node, y)])
         self.report[node.name] = "in float (kept in float by the quantizer): DequantizeLinear, the op, QuantizeLinear"
+
+    def _saturated(self, node, y: str, op: str, inputs: list, *domain, **attrs) -> None:
+        """``op`` (which saturates to uint8) into activation ``y``, then a Clip to y's [qmin, qmax] where
+        that is narrower than uint8's."""
+        p = self.codes(node, y)
+        full = (p.qmin, p.qmax) == (0, 255)
+        t = self.emit(op, inputs, y if full else f"{y}::sat", *domain, **attrs)
+        if not full:
+            self.emit("Clip", [t, self.const(f"{y}::qmin", np.uint8(p.qmin)),
+                               self.const(f"{y}::qmax", np.uint8(p.qmax))], y)
 
     def _zero_point(self, name: str) -> np.float32:
         return np.float32(int(self.graph.values[name].quant.zero_point))
@@ -674,14 +679,8 @@ class QOperatorBuilder(LoweringBuilder):
             if x_scale is None:
                 return self._in_float(node, "no float32 scale reproduces its rounding")
             scales = [self.const(f"{node.name}::x_scale", x_scale), self.const("unit_scale", np.float32(1))]
-        yq = self.codes(node, y)
-        narrow = (yq.qmin, yq.qmax) != (0, 255)
-        t = self.emit("QLinearGlobalAveragePool", [x, scales[0], self.zero_point(node, x), scales[1],
-                                                   self.zero_point(node, y)],
-                      f"{y}::pooled" if narrow else y, "com.microsoft", channels_last=0)
-        if narrow:
-            self.emit("Clip", [t, self.const(f"{y}::qmin", np.uint8(yq.qmin)), self.const(f"{y}::qmax",
-                                                                                         np.uint8(yq.qmax))], y)
+        self._saturated(node, y, "QLinearGlobalAveragePool", [x, scales[0], self.zero_point(node, x), scales[1],
+                                                             self.zero_point(node, y)], "com.microsoft", channels_last=0)
         self.report[node.name] = "QLinearGlobalAveragePool" + ("" if self.plain.rounding == "onnx" else
                                                                " (its scale proven on every sum)")
 
