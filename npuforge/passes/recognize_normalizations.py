@@ -170,6 +170,8 @@ def _absorb_affine(graph, node) -> bool:
         if name and data is None:
             return False
         if data is not None and node.op == "InstanceNormalization":
+            if data.size != dims[0]:
+                return False  # (not one per channel: left for the checker to name)
             data = data.reshape(dims)  # [C] -> [C, 1, ...]
         params.append(None if data is None else np.broadcast_to(data, dims).astype(np.float32))
     scale = np.ones(dims, np.float32) if params[0] is None else params[0]
