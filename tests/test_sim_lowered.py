@@ -1636,3 +1636,23 @@ def test_channels_apart_with_accumulators_past_2_24_run_on_integer_kernels(op):
     low = both(g, {g.inputs[0]: x}, "fixedpoint")["qoperator"]
     how = low.lowering[node.name]
     assert re.search(r"channels(:| no float32 scale reproduces: all) MatMulInteger, float64", how), how
+
+
+def test_a_clamp_to_the_quantizers_own_saturation_is_left_to_it():
+    """A value computed in float (here the normalizations) goes back to codes by QuantizeLinear(v, 1, zp),
+    which saturates to [0, 255] itself: no Clip to [-zp, 255 - zp] before it; a narrower clamp (a ReLU's
+    bounds) stays. Codes as the plain path's."""
+    import onnx.numpy_helper
+
+    g, x = quantized_graph(torch.nn.Sequential(Normalized(), torch.nn.ReLU()), (2, 3, 5, 7))
+    model = both(g, {g.inputs[0]: x}, "fixedpoint")["qoperator"].model
+    consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    made_by = {n.output[0]: n for n in model.graph.node}
+    unit = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and consts.get(n.input[1]) == 1]
+    assert len(unit) >= 2
+    for n in unit:
+        clip = made_by.get(n.input[0])
+        if clip is not None and clip.op_type == "Clip":
+            zp = int(consts[n.input[2]])
+            lo, hi = (float(consts[k]) for k in clip.input[1:])
+            assert (lo, hi) != (-zp, 255 - zp) and -zp <= lo <= hi <= 255 - zp, n.name

@@ -153,6 +153,9 @@ class LoweringBuilder:
         self.lower(node, handler)
         self.report.setdefault(node.name, kind)
 
+    def finish(self) -> None:
+        """A last pass over the emitted nodes, before the dead ones go (a subclass may rewrite them)."""
+
     def build(self):
         g = self.graph
         self.check_inputs()
@@ -162,6 +165,7 @@ class LoweringBuilder:
             except UnsupportedError as e:
                 e.node_index = getattr(e, "node_index", index)  # where a split simulator's plain part starts
                 raise
+        self.finish()
         info = [helper.make_tensor_value_info(n, self.elem_type(n), list(g.values[n].shape))
                 for n in (*g.inputs, *g.outputs)]
         nodes = _live(self.nodes, set(g.outputs))

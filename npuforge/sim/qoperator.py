@@ -41,10 +41,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections import Counter
 
 import numpy as np
 import torch
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from ..export.onnx_export import _nodes_of
 from ..ir import dtypes
@@ -142,6 +143,29 @@ class QOperatorBuilder(LoweringBuilder):
             # a float input feeds nodes kept in float; token ids and the like are read as they are
             if v.quant is not None or (v.dtype != "float32" and not self.is_index(name)):
                 self.codes(None, name)
+
+    def finish(self) -> None:
+        """Bypass each Clip to [-zp, 255 - zp] whose only reader is ``QuantizeLinear(v, 1, zp)`` into uint8:
+        that clamp is the quantizer's own saturation (``rint`` commutes with a clamp to integer bounds), so
+        it is one pass over the value for nothing (the dead Clip then goes with the other dead nodes)."""
+        values = {t.name: numpy_helper.to_array(t) for t in self.inits}
+        readers = Counter(name for n in self.nodes for name in n.input)
+        clips = {n.output[0]: n for n in self.nodes if n.op_type == "Clip" and len(n.input) == 3}
+        kept = set(self.graph.outputs)
+
+        def scalar(name: str, dtype) -> float | None:
+            v = values.get(name)
+            return float(v) if v is not None and v.size == 1 and v.dtype == dtype else None
+
+        for n in self.nodes:
+            clip = clips.get(n.input[0]) if n.op_type == "QuantizeLinear" and len(n.input) == 3 else None
+            if clip is None or readers[clip.output[0]] != 1 or clip.output[0] in kept or \
+                    scalar(n.input[1], np.float32) != 1:
+                continue
+            zp = scalar(n.input[2], np.uint8)
+            lo, hi = (scalar(name, np.float32) for name in clip.input[1:])
+            if zp is not None and (lo, hi) == (-zp, 255 - zp):
+                n.input[0] = clip.input[0]
 
     # -- nodes lowered in float ------------------------------------------------------------
     def _float_builder(self):
