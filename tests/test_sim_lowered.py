@@ -1656,3 +1656,24 @@ def test_a_clamp_to_the_quantizers_own_saturation_is_left_to_it():
             zp = int(consts[n.input[2]])
             lo, hi = (float(consts[k]) for k in clip.input[1:])
             assert (lo, hi) != (-zp, 255 - zp) and -zp <= lo <= hi <= 255 - zp, n.name
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**40), st.integers(1, 30), st.integers(1, 2**31 - 1), st.integers(0, 2**12))
+def test_a_symmetric_floor_runs_as_a_truncation_only_where_it_stays_below_2_31(seed, e, m, reach_bits):
+    """sign(x) floor(|x| r + b) as trunc(x r + sign(x) b) in float64 (what the lowering casts to int32),
+    on every x of a range that _truncates admits, ends included; ranges past 2^31 and negative r or b
+    are refused."""
+    from npuforge.sim.lowered import _truncates
+    from npuforge.sim.monotone_fit import Formula
+
+    r = np.array([m * 2.0**-31 * 2.0**-e])
+    f = Formula(r, np.array([0.5 + 0.5 ** (e + 1)]), dtype=np.float64, symmetric=True, acc_dtype=np.float64)
+    reach = int(min((2**31 - 2) / max(r[0], 2**-60), 2**52)) >> (reach_bits % 3)
+    assert _truncates(f, reach) and not _truncates(f, None)
+    assert not _truncates(f, int(2**31 / r[0]) + 1) if r[0] > 2**-21 else True
+    assert not _truncates(Formula(-r, f.b, dtype=np.float64, symmetric=True), 1)
+    x = np.concatenate([np.random.default_rng(seed).integers(-reach, reach + 1, 2000), [-reach, reach, -1, 0, 1]])
+    z = x.astype(np.float64) * r[0] + np.sign(x).astype(np.float64) * f.b[0]
+    # clamped within float32's integers, as every output is (evaluate's product by the sign is in float32)
+    np.testing.assert_array_equal(np.clip(np.trunc(z), -2**20, 2**20), f.evaluate(x[None, :], -2**20, 2**20)[0])

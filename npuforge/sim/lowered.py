@@ -148,6 +148,13 @@ def channel_subset(prep: dict, channels: np.ndarray) -> dict:
     return {**prep, **{k: pick(prep[k]) for k in ("M", "S", "scale") if prep.get(k) is not None}}
 
 
+def _truncates(f: Formula, reach: int | None) -> bool:
+    """Whether the symmetric ``sign(x) floor(|x| r + b)`` may run as ``trunc(x r + sign(x) b)`` cast to
+    int32: r and b not negative and ``|x| r + b`` below 2^31 wherever ``|x| <= reach``."""
+    return reach is not None and f.rnd == "floor" and f.b is not None and bool((f.r >= 0).all()) and \
+        bool((f.b >= 0).all()) and reach * float(f.r.max()) + float(f.b.max()) + 1 < 2**31
+
+
 def proven_formula(plain, node, prep: dict, offset: np.ndarray, a, b, lo, hi,
                    acc_dtype: type = np.float32) -> Formula | None:
     """The cheapest float formula (:func:`requant_candidates`) proven equal to the node's
@@ -279,7 +286,8 @@ class _Builder(TableLowerings, LoweringBuilder):
         formula = proven_formula(self.plain, node, prep, offset, a, b, lo_c, hi_c, acc_dtype)
         part = part or node
         if formula is not None:
-            return self._formula(part, formula, acc, lo_c, hi_c, shape, acc_double=acc_dtype is np.float64)
+            return self._formula(part, formula, acc, lo_c, hi_c, shape, acc_double=acc_dtype is np.float64,
+                                 reach=int(max(np.abs(a).max(), np.abs(b).max())))
         if self.plain.rounding == "onnx":
             self.refuse(node, "no float formula proven equal to its requantization")
         channels = len(a)
@@ -423,18 +431,34 @@ class _Builder(TableLowerings, LoweringBuilder):
             self.emit("Cast", [codes], out, to=TensorProto.INT8 if signed else TensorProto.UINT8)
         return out
 
-    def _formula(self, node, f: Formula, acc: str, lo_c, hi_c, shape, acc_double: bool = False) -> str:
+    def _formula(self, node, f: Formula, acc: str, lo_c, hi_c, shape, acc_double: bool = False,
+                 reach: int | None = None) -> str:
         """Emit ``f`` on ``acc`` (float32, or float64 with ``acc_double``, which takes a
-        float64 formula) into the node's output; -> a one-line description."""
+        float64 formula) into the node's output; ``reach``: a bound on ``|acc + pre|``, where
+        known; -> a one-line description."""
         pre = f"{node.name}::rq"
         k = lambda tag, arr: self.const(f"{pre}::{tag}", np.asarray(arr).reshape(shape))  # noqa: E731
         wide = f.dtype == np.float64
         x = acc
         if f.pre is not None:  # exact in float64, then rounded to float32 as an int32 -> float cast is
-            x = self.emit("Add", [self.emit("Cast", [acc], f"{pre}::acc64", to=TensorProto.DOUBLE), k("pre", f.pre)],
+            exact = self.exact_int.get(acc, acc)  # an int32 sum's own Cast to float64 where it has one
+            x = self.emit("Add", [self.emit("Cast", [exact], f"{pre}::acc64", to=TensorProto.DOUBLE), k("pre", f.pre)],
                           f"{pre}::biased")
             if not wide:
                 x = self.emit("Cast", [x], f"{pre}::biased32", to=TensorProto.FLOAT)
+        if wide and f.symmetric and _truncates(f, reach):
+            # sign(x) floor(|x| r + b) = trunc(x r + sign(x) b): IEEE rounding is symmetric, so x r + sign(x) b
+            # is exactly sign(x) (|x| r + b), which floors as it truncates (r, b >= 0); ONNX's Cast to int32
+            # truncates, exactly below 2^31. Six passes where Abs, Floor and the product by the sign took eight
+            if f.pre is None and not acc_double:
+                x = self.emit("Cast", [self.exact_int.get(x, x)], f"{pre}::x64", to=TensorProto.DOUBLE)
+            sign = self.emit("Sign", [x], f"{pre}::sign")
+            z = self.emit("Add", [self.emit("Mul", [x, k("r", f.r)], f"{pre}::v"),
+                                  self.emit("Mul", [sign, k("b", f.b)], f"{pre}::sb")], f"{pre}::vb")
+            t = self.emit("Cast", [self.emit("Cast", [z], f"{pre}::t", to=TensorProto.INT32)], f"{pre}::t32",
+                          to=TensorProto.FLOAT)
+            self._clamp(node, t, lo_c, hi_c, shape)
+            return f"float64 {f.rnd} symmetric"
         sign = self.emit("Sign", [x], f"{pre}::sign") if f.symmetric else None
         v = self.emit("Abs", [x], f"{pre}::abs") if f.symmetric else x
         if wide and f.pre is None:  # with pre, x is float64 already
@@ -500,7 +524,7 @@ class _Builder(TableLowerings, LoweringBuilder):
                                  lo_c, hi_c, acc_dtype)
         if formula is None:
             self.refuse(node, "no float formula proven equal to its requantization")
-        how = self._formula(node, formula, acc, lo_c, hi_c, [-1], acc_double=wide)
+        how = self._formula(node, formula, acc, lo_c, hi_c, [-1], acc_double=wide, reach=bound)
         self.report[node.name] = f"matmul of activations, {product} product, {how}"
 
     def _softmax(self, node):

@@ -72,6 +72,7 @@ class LoweringBuilder:
         self.report: dict[str, str] = {}  # node -> how it was lowered
         self._consts: set[str] = set()
         self._made: set[str] = set()  # values derived once per activation (their copies in another type)
+        self.exact_int: dict[str, str] = {}  # a float32 copy of int32 sums, all below 2^24 -> those sums
 
     def const(self, name: str, arr) -> str:
         """An initializer, made once (names derive from the value or node they belong to)."""

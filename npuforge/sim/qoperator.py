@@ -173,7 +173,7 @@ class QOperatorBuilder(LoweringBuilder):
         if self._float is None:
             self._float = _Builder(self.plain)
             self._float.nodes, self._float.inits, self._float._consts = self.nodes, self.inits, self._consts
-            self._float._made = self._made
+            self._float._made, self._float.exact_int = self._made, self.exact_int
         return self._float
 
     def _uint8(self, name: str) -> bool:
@@ -447,6 +447,8 @@ class QOperatorBuilder(LoweringBuilder):
         bias = np.zeros(rest.size, np.int64) if prep["bias"] is None else \
             np.broadcast_to(prep["bias"], (len(prep["rows"]),))[rest].astype(np.int64)
         f32 = self._float_builder()
+        if not wide:
+            self.exact_int[accf] = acc
         part = dataclasses.replace(node, name=f"{node.name}::rest", outputs=[f"{y}::rest_f"])
         how = f32._requantize(node, channel_subset(prep, rest), accf, bias, a, b, lo, hi,
                               [-1] if last else [-1, 1, 1], np.float64 if wide else np.float32, part)
