@@ -4,6 +4,7 @@ accepts or refuses a float formula for a requantization."""
 
 from __future__ import annotations
 
+import collections
 import math
 import re
 
@@ -43,6 +44,8 @@ def both(g, feeds, mode):
             np.testing.assert_array_equal(a[name], b[name], err_msg=f"{name} ({mode}, {form})")
         used = {i for n in low.model.graph.node for i in n.input} | {o.name for o in low.model.graph.output}
         assert all(set(n.output) & used for n in low.model.graph.node), f"a node nothing reads ({form})"
+        if form == "qoperator":
+            assert_no_redundant_nodes(low.model)
     assert "float" in lows
     return lows
 
@@ -1640,22 +1643,48 @@ def test_channels_apart_with_accumulators_past_2_24_run_on_integer_kernels(op):
 
 def test_a_clamp_to_the_quantizers_own_saturation_is_left_to_it():
     """A value computed in float (here the normalizations) goes back to codes by QuantizeLinear(v, 1, zp),
-    which saturates to [0, 255] itself: no Clip to [-zp, 255 - zp] before it; a narrower clamp (a ReLU's
-    bounds) stays. Codes as the plain path's."""
-    import onnx.numpy_helper
-
+    which saturates to [0, 255] itself: no Clip to [-zp, 255 - zp] before it (checked by ``both`` on every
+    qoperator program), a narrower clamp staying. Codes as the plain path's."""
     g, x = quantized_graph(torch.nn.Sequential(Normalized(), torch.nn.ReLU()), (2, 3, 5, 7))
     model = both(g, {g.inputs[0]: x}, "fixedpoint")["qoperator"].model
     consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     made_by = {n.output[0]: n for n in model.graph.node}
     unit = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and consts.get(n.input[1]) == 1]
-    assert len(unit) >= 2
-    for n in unit:
-        clip = made_by.get(n.input[0])
-        if clip is not None and clip.op_type == "Clip":
+    assert len(unit) >= 2 and all(made_by[n.input[0]].op_type != "Clip" for n in unit)
+
+
+class Classifier1d(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.fc = torch.nn.Conv1d(4, 8, 3), torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool1d(torch.relu(self.conv(x)), 1), 1))
+
+
+def test_a_reshape_of_a_reshape_reads_the_first_ones_input():
+    """A Flatten then the classifier's Reshape to rows: one Reshape in the qoperator program (``both``
+    checks every program for a reshaping node read only by a Reshape to a constant shape)."""
+    g, x = quantized_graph(Classifier1d(), (2, 4, 9))
+    model = both(g, {g.inputs[0]: x}, "fixedpoint")["qoperator"].model
+    assert "Flatten" in g.op_histogram() and [n.op_type for n in model.graph.node].count("Flatten") == 0
+
+
+def assert_no_redundant_nodes(model) -> None:
+    """No node of a qoperator program that QOperatorBuilder.finish bypasses: a Clip to [-zp, 255 - zp]
+    read only by QuantizeLinear(v, 1, zp), a reshaping node read only by a Reshape to a constant shape."""
+    consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    made_by = {o: n for n in model.graph.node for o in n.output}
+    readers = collections.Counter(i for n in model.graph.node for i in n.input)
+    for n in model.graph.node:
+        p = made_by.get(n.input[0]) if n.input else None
+        if p is None or readers[p.output[0]] != 1:
+            continue
+        if n.op_type == "QuantizeLinear" and p.op_type == "Clip" and consts.get(n.input[1]) == 1:
             zp = int(consts[n.input[2]])
-            lo, hi = (float(consts[k]) for k in clip.input[1:])
-            assert (lo, hi) != (-zp, 255 - zp) and -zp <= lo <= hi <= 255 - zp, n.name
+            assert tuple(float(consts[k]) for k in p.input[1:]) != (-zp, 255 - zp), n.name
+        if n.op_type == "Reshape" and n.input[1] in consts and (consts[n.input[1]] != 0).all():
+            assert p.op_type not in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"), n.name
 
 
 @settings(max_examples=60, deadline=None)

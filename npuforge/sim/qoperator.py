@@ -145,27 +145,34 @@ class QOperatorBuilder(LoweringBuilder):
                 self.codes(None, name)
 
     def finish(self) -> None:
-        """Bypass each Clip to [-zp, 255 - zp] whose only reader is ``QuantizeLinear(v, 1, zp)`` into uint8:
-        that clamp is the quantizer's own saturation (``rint`` commutes with a clamp to integer bounds), so
-        it is one pass over the value for nothing (the dead Clip then goes with the other dead nodes)."""
+        """Bypass a node whose only reader makes it redundant (the dead node then goes with the others):
+        a Clip to [-zp, 255 - zp] read by ``QuantizeLinear(v, 1, zp)`` into uint8, that clamp being the
+        quantizer's own saturation (``rint`` commutes with a clamp to integer bounds); a Reshape, Flatten,
+        Squeeze or Unsqueeze read by a Reshape to a constant shape with no 0 (a copied axis), which depends
+        only on the elements, in the same order (kws_dscnn1d's Flatten before its classifier's rows)."""
         values = {t.name: numpy_helper.to_array(t) for t in self.inits}
         readers = Counter(name for n in self.nodes for name in n.input)
-        clips = {n.output[0]: n for n in self.nodes if n.op_type == "Clip" and len(n.input) == 3}
+        made_by = {o: n for n in self.nodes for o in n.output}
         kept = set(self.graph.outputs)
 
         def scalar(name: str, dtype) -> float | None:
             v = values.get(name)
             return float(v) if v is not None and v.size == 1 and v.dtype == dtype else None
 
-        for n in self.nodes:
-            clip = clips.get(n.input[0]) if n.op_type == "QuantizeLinear" and len(n.input) == 3 else None
-            if clip is None or readers[clip.output[0]] != 1 or clip.output[0] in kept or \
-                    scalar(n.input[1], np.float32) != 1:
-                continue
-            zp = scalar(n.input[2], np.uint8)
-            lo, hi = (scalar(name, np.float32) for name in clip.input[1:])
-            if zp is not None and (lo, hi) == (-zp, 255 - zp):
-                n.input[0] = clip.input[0]
+        def redundant(n, p) -> bool:
+            if n.op_type == "QuantizeLinear" and p.op_type == "Clip" and len(n.input) == 3 and len(p.input) == 3:
+                zp = scalar(n.input[2], np.uint8)
+                return scalar(n.input[1], np.float32) == 1 and zp is not None and \
+                    tuple(scalar(name, np.float32) for name in p.input[1:]) == (-zp, 255 - zp)
+            if n.op_type == "Reshape" and p.op_type in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
+                shape = values.get(n.input[1])
+                return shape is not None and not (shape == 0).any()
+            return False
+
+        for n in self.nodes:  # (a bypassed node's only reader was n: its input's readers stay as counted)
+            while (p := made_by.get(n.input[0]) if n.input else None) is not None and readers[p.output[0]] == 1 \
+                    and p.output[0] not in kept and redundant(n, p):
+                n.input[0] = p.input[0]
 
     # -- nodes lowered in float ------------------------------------------------------------
     def _float_builder(self):
