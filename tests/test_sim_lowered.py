@@ -1642,15 +1642,15 @@ def test_channels_apart_with_accumulators_past_2_24_run_on_integer_kernels(op):
 
 
 def test_a_clamp_to_the_quantizers_own_saturation_is_left_to_it():
-    """A value computed in float (here the normalizations) goes back to codes by QuantizeLinear(v, 1, zp),
+    """A value computed in float (here the softmax) goes back to codes by QuantizeLinear(v, 1, zp),
     which saturates to [0, 255] itself: no Clip to [-zp, 255 - zp] before it (checked by ``both`` on every
     qoperator program), a narrower clamp staying. Codes as the plain path's."""
-    g, x = quantized_graph(torch.nn.Sequential(Normalized(), torch.nn.ReLU()), (2, 3, 5, 7))
+    g, x = quantized_graph(Attention(), (2, 6, 4))
     model = both(g, {g.inputs[0]: x}, "fixedpoint")["qoperator"].model
     consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     made_by = {n.output[0]: n for n in model.graph.node}
     unit = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and consts.get(n.input[1]) == 1]
-    assert len(unit) >= 2 and all(made_by[n.input[0]].op_type != "Clip" for n in unit)
+    assert len(unit) >= 1 and all(made_by[n.input[0]].op_type != "Clip" for n in unit)
 
 
 class Classifier1d(torch.nn.Module):
@@ -1706,3 +1706,31 @@ def test_a_symmetric_floor_runs_as_a_truncation_only_where_it_stays_below_2_31(s
     z = x.astype(np.float64) * r[0] + np.sign(x).astype(np.float64) * f.b[0]
     # clamped within float32's integers, as every output is (evaluate's product by the sign is in float32)
     np.testing.assert_array_equal(np.clip(np.trunc(z), -2**20, 2**20), f.evaluate(x[None, :], -2**20, 2**20)[0])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_normalizations_codes_come_from_one_clamp_and_a_cast_to_uint8(mode):
+    """floor(w) + zp saturated, w the float64 output sum, as Cast(Clip(w + zp, 0, 255), uint8) with the zero
+    point moved into w's constant: equal to the plain path on the calibration's rows and on rows of one
+    spike, whose outputs reach past both ends of the calibrated range; no QuantizeLinear left for them."""
+    import npuforge
+
+    torch.manual_seed(0)
+    module = torch.nn.LayerNorm(64)
+    with torch.no_grad():
+        module.weight.uniform_(-3, 3)
+    graph = npuforge.from_torch(module.eval(), torch.zeros(2, 8, 64), dynamic_batch=True)
+    rng = np.random.default_rng(5)
+    calib = rng.standard_normal((4, 8, 64)).astype(np.float32)
+    q = npuforge.quantize(graph, [calib], log=lambda m: None)
+    node = next(n for n in q.nodes if n.op == "LayerNormalization")
+    spikes = np.zeros((2, 8, 64), np.float32)
+    spikes[:, np.arange(8), rng.integers(0, 64, 8)] = 3
+    for rows in (calib, spikes):
+        x = q.values[q.inputs[0]].quant.quantize(rows)
+        low = both(q, {q.inputs[0]: x}, mode)["qoperator"]
+    codes = IntegerSimulator(q, mode).run({q.inputs[0]: x}, dequantize=False)[node.outputs[0]]
+    assert {0, 255} <= set(np.unique(codes).tolist())
+    made_by = {o: n for n in low.model.graph.node for o in n.output}
+    out = made_by[node.outputs[0]]
+    assert out.op_type == "Cast" and made_by[out.input[0]].op_type == "Clip", out

@@ -298,8 +298,10 @@ class _Normalization:
             # float64 (a power of two apart from them), and so are their sum (a multiple of 2^-t) and its Floor
             ts = 2.0 ** -t
             ug = self.emit("Mul", [u, self.const("g_2t", g.astype(np.float64) * ts)], "ug")
-            y = self.emit("Floor", [self.emit("Add", [ug, self.const("b_2t", (bias.astype(np.float64) + 2.0 ** (t - 1))
-                                                                       * ts)], "y64")], "q64")
+            y64 = self.emit("Add", [ug, self.const("b_2t", (bias.astype(np.float64) + 2.0 ** (t - 1)) * ts)], "y64")
+            if t <= 45:  # a multiple of 2^-t below 256 is a float64: codes by a Cast (QOperatorBuilder.finish)
+                self.b.exact_sums.add(y64)
+            y = self.emit("Floor", [y64], "q64")
             _store(self.b, self.node, self.emit("Cast", [y], "q", to=TensorProto.FLOAT), in_float32=True)
             return "float64 normalization"
         if self.float64_u:

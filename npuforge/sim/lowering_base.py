@@ -73,6 +73,8 @@ class LoweringBuilder:
         self._consts: set[str] = set()
         self._made: set[str] = set()  # values derived once per activation (their copies in another type)
         self.exact_int: dict[str, str] = {}  # a float32 copy of int32 sums, all below 2^24 -> those sums
+        # exact float64 sums ``v + K`` (K a constant), multiples of 2^-t with t <= 45, floored into codes
+        self.exact_sums: set[str] = set()
 
     def const(self, name: str, arr) -> str:
         """An initializer, made once (names derive from the value or node they belong to)."""

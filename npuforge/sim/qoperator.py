@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections import Counter
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -173,6 +174,40 @@ class QOperatorBuilder(LoweringBuilder):
             while (p := made_by.get(n.input[0]) if n.input else None) is not None and readers[p.output[0]] == 1 \
                     and p.output[0] not in kept and redundant(n, p):
                 n.input[0] = p.input[0]
+        self.nodes[:] = [n for n in self.nodes if not self._codes_by_cast(n, made_by, readers, values)]
+
+    def _codes_by_cast(self, n, made_by: dict, readers: Counter, values: dict) -> bool:
+        """``QuantizeLinear(Cast(Floor(w)), 1, zp)``, ``w = v + K`` an exact float64 sum of multiples of
+        2^-t, t <= 45 (a normalization's output; :attr:`exact_sums`), as ``Cast(Clip(v + (K + zp), 0, 255),
+        uint8)`` where ``K + zp`` is exact: ``w + zp`` is then exact wherever it lies in [0, 256) (a multiple of
+        2^-45 below 2^8), and rounded past 0 or 256 no further than to them elsewhere, so the clamp is the
+        saturation of ``floor(w) + zp``, and the Cast to uint8 truncates, which on [0, 255] is the floor.
+        One pass fewer (the Add reads the new constant) -> whether ``n`` went (its Cast took over)."""
+        def single(name: str, op: str):
+            p = made_by.get(name)
+            return p if p is not None and p.op_type == op and readers[name] == 1 else None
+
+        if n.op_type != "QuantizeLinear" or len(n.input) != 3 or values.get(n.input[1]) != 1 or \
+                values.get(n.input[2]) is None or values[n.input[2]].dtype != np.uint8:
+            return False
+        cast = single(n.input[0], "Cast")
+        floor = cast and single(cast.input[0], "Floor")
+        total = floor and single(floor.input[0], "Add")
+        if not total or total.output[0] not in self.exact_sums or total.input[1] not in values:
+            return False
+        zp, k = int(values[n.input[2]]), values[total.input[1]]
+        shifted = k + np.float64(zp)
+        if k.dtype != np.float64 or any(Fraction(float(a)) != Fraction(float(b)) + zp
+                                        for a, b in zip(shifted.flat, k.flat)):
+            return False
+        total.input[1] = self.const(f"{total.input[1]}+{zp}", shifted)
+        floor.op_type = "Clip"
+        floor.input[:] = [total.output[0], self.const("float64_0", np.float64(0)),
+                          self.const("float64_255", np.float64(255))]
+        cast.attribute[0].i = TensorProto.UINT8
+        cast.output[0] = cast.name = n.output[0]
+        return True
+
 
     # -- nodes lowered in float ------------------------------------------------------------
     def _float_builder(self):
@@ -180,7 +215,8 @@ class QOperatorBuilder(LoweringBuilder):
         if self._float is None:
             self._float = _Builder(self.plain)
             self._float.nodes, self._float.inits, self._float._consts = self.nodes, self.inits, self._consts
-            self._float._made, self._float.exact_int = self._made, self.exact_int
+            self._float._made, self._float.exact_int, self._float.exact_sums = self._made, self.exact_int, \
+                self.exact_sums
         return self._float
 
     def _uint8(self, name: str) -> bool:
