@@ -158,14 +158,15 @@ class _Normalization:
         # W = N^2 var <= (N (qmax - qmin) / 2)^2 (Popoviciu), the partial sums of c^2 <= sum(c^2) = N W
         w_max = self.c_max ** 2 // 4 + 1
         self.d_max = w_max + self.eps if self.centred else max(self.squares_max, self.eps)
-        self.float64_d = self.centred and self.exact is not None and n * w_max < FLOAT64_INTEGERS and \
-            self.d_max < FLOAT64_INTEGERS
+        # D exact in float64: W's partial sums (centred) or the squares' (L2Normalize: exact where self.exact is)
+        self.float64_d = self.exact is not None and self.d_max < FLOAT64_INTEGERS and \
+            (not self.centred or n * w_max < FLOAT64_INTEGERS)
         # |c r| <= sqrt(N) 2^30 where h = 0 (c^2 <= N W <= N D, r <= 2^30 / sqrt(D)), else c_max isqrt(2^60 / 2^21):
         # below 2^53, c times r / 2^(h + down) (a power of two apart from r) is exact in float64, and so its Floor
         self.float64_u = self.exact is not None and max((math.isqrt(n) + 1) << 30, self.c_max * R_ABOVE_SHIFT) < 1 << 53
         # no c at all: u = floor(x N rs - S rs), both products exact and so their difference, c rs; W = N sum(x^2) - S^2
         # per slice, S and (N m^2 below 2^24) sum(x^2) in float32. Four float64 passes over the input where c took five
-        self.rows = self.float64_d and self.float64_u and n * self.m < ROWS_BELOW
+        self.rows = self.centred and self.float64_d and self.float64_u and n * self.m < ROWS_BELOW
         self.down = layernorm_rule.down_shift(n)
         self.g, self.bias = plain._int(node, "scale").astype(np.int64), plain._int(node, "bias").astype(np.int64)
         self.t = int(plain._int(node, "shift"))
@@ -198,8 +199,8 @@ class _Normalization:
                                   self.emit("Mul", [self.total, self.total], "s2")], "w")
             return self.emit("Add", [w, self.const("eps64", np.float64(self.eps))], "d64")
         # c's type: S and c in float32 where they stay below 2^24 (deit's int16 inputs too), half float64's passes
-        self.c_type = self.exact
-        if self.float64_d and self.n * self.m < FLOAT32_INTEGERS and self.c_max < FLOAT32_INTEGERS:
+        self.c_type = self.exact  # (L2Normalize: its squares' type)
+        if self.centred and self.float64_d and self.n * self.m < FLOAT32_INTEGERS and self.c_max < FLOAT32_INTEGERS:
             self.c_type = TensorProto.FLOAT
         if self.c_type == TensorProto.FLOAT:
             xf = x
@@ -210,8 +211,11 @@ class _Normalization:
         eps = _int64(b, f"{self.pre}::eps", self.eps)
         if not self.centred:  # L2Normalize: c = q - zp, D = max(sum(c^2), E)
             squares = self.emit("ReduceSum", [self.emit("Mul", [xf, xf], "q2"), self.axes], "sumsq", keepdims=1)
-            squares = self.emit("Cast", [squares], "sumsq_i", to=TensorProto.INT64) if self.exact else squares
             self.c = xf
+            if self.float64_d:  # then r from D in float64: three nodes per slice where isqrt's int64 steps took ten
+                squares = _as_double(b, squares, self.c_type, f"{self.pre}::sumsq64")
+                return self.emit("Max", [squares, self.const("eps64", np.float64(self.eps))], "d64")
+            squares = self.emit("Cast", [squares], "sumsq_i", to=TensorProto.INT64) if self.exact else squares
             return self.emit("Max", [squares, eps], "d")
         # c = N q - S: |c| <= N (qmax - qmin); in the sums' float type that is exact (c's bound below its 2^24 or 2^53)
         total = self.emit("ReduceSum", [xf, self.axes], "sum", keepdims=1)
