@@ -1670,9 +1670,28 @@ def test_a_reshape_of_a_reshape_reads_the_first_ones_input():
     assert "Flatten" in g.op_histogram() and [n.op_type for n in model.graph.node].count("Flatten") == 0
 
 
+class PastKeys(torch.nn.Module):
+    """GPT-2's attention concatenates its past keys, none at the first step: a Concat of one input."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.fc(torch.cat([torch.relu(x)], dim=1)) + x
+
+
+def test_a_concat_of_one_input_is_read_through():
+    g, x = quantized_graph(PastKeys(), (2, 3, 8))
+    assert "Concat" in g.op_histogram()
+    model = both(g, {g.inputs[0]: x}, "fixedpoint")["qoperator"].model
+    assert "Concat" not in [n.op_type for n in model.graph.node]
+
+
 def assert_no_redundant_nodes(model) -> None:
     """No node of a qoperator program that QOperatorBuilder.finish bypasses: a Clip to [-zp, 255 - zp]
-    read only by QuantizeLinear(v, 1, zp), a reshaping node read only by a Reshape to a constant shape."""
+    read only by QuantizeLinear(v, 1, zp), a reshaping node read only by a Reshape to a constant shape,
+    a copy (an Identity, a Concat of one input) read by any node."""
     consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     made_by = {o: n for n in model.graph.node for o in n.output}
     readers = collections.Counter(i for n in model.graph.node for i in n.input)
@@ -1685,6 +1704,12 @@ def assert_no_redundant_nodes(model) -> None:
             assert tuple(float(consts[k]) for k in p.input[1:]) != (-zp, 255 - zp), n.name
         if n.op_type == "Reshape" and n.input[1] in consts and (consts[n.input[1]] != 0).all():
             assert p.op_type not in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"), n.name
+    outputs = {o.name for o in model.graph.output}
+    for n in model.graph.node:
+        for name in n.input:
+            p = made_by.get(name)
+            assert p is None or name in outputs or not (p.op_type == "Identity" or p.op_type == "Concat" and
+                                                        len(p.input) == 1), f"{n.name} reads a copy"
 
 
 @settings(max_examples=60, deadline=None)

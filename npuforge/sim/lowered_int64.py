@@ -71,7 +71,8 @@ def softmax(builder, node) -> str:
         index = builder.emit("Cast", [d], f"{pre}::ix", to=TensorProto.INT32)
         if n >= ROW_TABLE_MIN * len(table) and n * e_max < INT32_SUMS:
             return _softmax_row_tables(builder, node, table, r, m, index, axes)
-        e = builder.lookup(builder.const(f"{pre}::exp64", np.roll(table.astype(np.float64), 1)), index, f"{pre}::e")
+        e = builder.lookup(builder.const(f"{pre}::exp64", np.roll(table.astype(np.float64), 1)), index, f"{pre}::e",
+                           like=x)
         total = builder.emit("ReduceSum", [e, axes], f"{pre}::sum", keepdims=1)
         num = builder.emit("Add", [builder.emit("Mul", [e, builder.const(f"{pre}::r_2m", np.float64(r * 2.0**-m))],
                                                 f"{pre}::er"),
@@ -82,7 +83,7 @@ def softmax(builder, node) -> str:
         return "float64 softmax"
     index = builder.emit("Add", [d, builder.const(f"{pre}::last", np.float32(len(table) - 1))], f"{pre}::ix_f")
     index = builder.emit("Cast", [index], f"{pre}::ix", to=TensorProto.INT32)
-    e = builder.lookup(builder.const(f"{pre}::exp", table), index, f"{pre}::e")
+    e = builder.lookup(builder.const(f"{pre}::exp", table), index, f"{pre}::e", like=x)
     total = builder.emit("ReduceSum", [e, axes], f"{pre}::sum", keepdims=1)
     num = builder.emit("Add", [builder.emit("Mul", [e, _int64(builder, f"{pre}::2r", 2 * r)], f"{pre}::2er"),
                                builder.emit("Mul", [total, _int64(builder, f"{pre}::2m", 1 << m)], f"{pre}::s2m")],
@@ -110,7 +111,8 @@ def _softmax_row_tables(builder, node, table, r: int, m: int, index: str, axes: 
     zp = int(yq.zero_point)
     rank = len(builder.graph.values[node.inputs[0]].shape)
     axis = node.attrs["axis"] % rank
-    e = builder.lookup(builder.const(f"{pre}::exp32", np.roll(table.astype(np.int32), 1)), index, f"{pre}::e")
+    e = builder.lookup(builder.const(f"{pre}::exp32", np.roll(table.astype(np.int32), 1)), index, f"{pre}::e",
+                       like=node.inputs[0])
     total = builder.emit("Cast", [builder.emit("ReduceSum", [e, axes], f"{pre}::sum32", keepdims=1)], f"{pre}::sum",
                          to=TensorProto.DOUBLE)
     scaled = builder.const(f"{pre}::exp_r_2m", (np.roll(table.astype(np.float64), 1) * (r * 2.0**-m))
@@ -452,7 +454,8 @@ def _add_by_tables(builder, node) -> str:
             low = qs[k].qmin - int(qs[k].zero_point)
             table = np.roll(rescaled(torch.arange(low, qs[k].qmax - int(qs[k].zero_point) + 1)), low)
             index = builder.emit("Cast", [name], f"{pre}::ix{k}", to=TensorProto.INT32)
-            terms.append(builder.lookup(builder.const(f"{pre}::table{k}", table), index, f"{pre}::t{k}"))
+            terms.append(builder.lookup(builder.const(f"{pre}::table{k}", table), index, f"{pre}::t{k}",
+                                        like=name))
     z = builder.emit("Add", terms, f"{pre}::z")
     if scale == 1.0 and bits:
         z = builder.emit("Mul", [z, builder.const(f"{pre}::2_bits", np.float64(2.0**-bits))], f"{pre}::zs")

@@ -247,7 +247,7 @@ class TableLowerings:
                               f"{node.name}::ix{k}")
             idx = self.emit("Cast", [index], f"{node.name}::idx{k}", to=TensorProto.INT32)
             operands.append(self.lookup(self.const(f"{node.name}::table{k}", table.astype(np.float32)), idx,
-                                        f"{node.name}::t{k}"))
+                                        f"{node.name}::t{k}", like=name))
         if node.op == "Where":
             y = self.emit("Where", operands, f"{node.name}::y")
         else:

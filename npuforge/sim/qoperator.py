@@ -150,7 +150,8 @@ class QOperatorBuilder(LoweringBuilder):
         a Clip to [-zp, 255 - zp] read by ``QuantizeLinear(v, 1, zp)`` into uint8, that clamp being the
         quantizer's own saturation (``rint`` commutes with a clamp to integer bounds); a Reshape, Flatten,
         Squeeze or Unsqueeze read by a Reshape to a constant shape with no 0 (a copied axis), which depends
-        only on the elements, in the same order (kws_dscnn1d's Flatten before its classifier's rows)."""
+        only on the elements, in the same order (kws_dscnn1d's Flatten before its classifier's rows). Copies
+        are read through (:func:`_copied`)."""
         values = {t.name: numpy_helper.to_array(t) for t in self.inits}
         readers = Counter(name for n in self.nodes for name in n.input)
         made_by = {o: n for n in self.nodes for o in n.output}
@@ -170,6 +171,9 @@ class QOperatorBuilder(LoweringBuilder):
                 return shape is not None and not (shape == 0).any()
             return False
 
+        for n in self.nodes:  # a copy (an Identity, a Concat of one input: GPT-2's past keys) read through
+            n.input[:] = [_copied(name, made_by, kept) for name in n.input]
+        readers = Counter(name for n in self.nodes for name in n.input)
         for n in self.nodes:  # (a bypassed node's only reader was n: its input's readers stay as counted)
             while (p := made_by.get(n.input[0]) if n.input else None) is not None and readers[p.output[0]] == 1 \
                     and p.output[0] not in kept and redundant(n, p):
@@ -927,6 +931,14 @@ class QOperatorBuilder(LoweringBuilder):
 
 
 _TABLE_OPS: dict = {}  # (op, attributes, parameters, table) -> ONNX Runtime's op with that table, or None
+
+
+def _copied(name: str, made_by: dict, kept: set) -> str:
+    """The value ``name`` copies through Identity and one-input Concat nodes (itself if none, or a graph output)."""
+    while name not in kept and (p := made_by.get(name)) is not None and \
+            (p.op_type == "Identity" or p.op_type == "Concat" and len(p.input) == 1):
+        name = p.input[0]
+    return name
 
 
 def _table_op(node, px, py, table: np.ndarray):
