@@ -1759,3 +1759,29 @@ def test_a_normalizations_codes_come_from_one_clamp_and_a_cast_to_uint8(mode):
     made_by = {o: n for n in low.model.graph.node for o in n.output}
     out = made_by[node.outputs[0]]
     assert out.op_type == "Cast" and made_by[out.input[0]].op_type == "Clip", out
+
+
+def test_a_matmul_of_two_activations_takes_a_multiplier_qlinearmatmul_reproduces():
+    """Attention's weights times V with TFLite's normalized multiplier (a right shift: two roundings, the
+    second half away from zero, on outputs of both signs) has no float32 scale QLinearMatMul follows;
+    match_multipliers folds the shift and picks a multiplier within its allowed change that one
+    reproduces on every accumulator the product can reach, so it runs as QLinearMatMul, equal to the
+    plain path. quantize does so by default."""
+    from npuforge.quant.ort_multipliers import match_multipliers
+    from npuforge.quant.requant import multiplier_value
+
+    g, x = quantized_graph(Attention(), (2, 6, 4), config={"ort_multipliers": False})
+    node = [n for n in g.nodes if n.op == "MatMul" and IntegerSimulator(g, "fixedpoint")._kind(n) == "matmul"][-1]
+    q = node.quant
+    real = float(multiplier_value(g.values[q["multiplier"]].data, g.values[q["shift"]].data).reshape(-1)[0])
+    shift = math.floor(math.log2(real)) + 1  # normalized: M in [2^30, 2^31), a right shift of -shift
+    g.values[q["multiplier"]].data = np.array([round(real * 2.0 ** (31 - shift))], np.int32)
+    g.values[q["shift"]].data = np.array([shift], np.int32)
+    assert shift < 0 and "in float" in both(g, {g.inputs[0]: x}, "fixedpoint")["qoperator"].lowering[node.name]
+    report = match_multipliers(g)
+    after = float(multiplier_value(g.values[q["multiplier"]].data, g.values[q["shift"]].data).reshape(-1)[0])
+    assert report["matched"] == report["channels"] and report["max_code_change"] <= 2.0**-10
+    assert abs(after - real) <= real * 2.0**-14 and int(np.asarray(g.values[q["shift"]].data).reshape(-1)[0]) == 0
+    assert both(g, {g.inputs[0]: x}, "fixedpoint")["qoperator"].lowering[node.name].startswith("QLinearMatMul")
+    g, x = quantized_graph(Attention(), (2, 6, 4))
+    assert g.metadata["quantization"]["ort_multipliers"]["channels"] == 3 * 8 + 2  # Q, K, V, the two products

@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from ..sim.int_ops import requantize_fixedpoint
-from ..sim.lowering_base import channel_ranges
+from ..sim.lowering_base import channel_ranges, matmul_ranges
 from ..sim.monotone_fit import Formula, exact_steps, float32_nudged, verify
 
 NUDGES = tuple(sorted(range(-64, 65), key=abs))  # float32 scales tried, in ulps from float32(m)
@@ -155,15 +155,17 @@ def match_node(sim, node) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     channel qualifies (a right shift of at most MAX_SHIFT bits, an accumulator within int32). A
     per-channel multiplier that keeps a right shift is tried folded to shift 0 (:func:`fold_shifts`)
     and keeps its fold where it matches; unmatched channels keep their multiplier and shift."""
-    prep = sim._prep_compute(node)
     if node.attrs.get("activation") == "LeakyRelu":
         return None
-    a, b, lo, hi = channel_ranges(sim, node)
+    ranges = _ranges(sim, node)
+    if ranges is None:
+        return None
+    a, b, lo, hi = ranges
     channels = len(a)
-    stored = np.asarray(prep["M"], np.int64).reshape(-1)
-    shared = stored.size == 1  # per-tensor: one multiplier must serve every channel
+    stored = sim._int(node, "multiplier").astype(np.int64).reshape(-1)
+    shared = stored.size == 1 and channels > 1  # per-tensor: one multiplier must serve every channel
     m_old = np.broadcast_to(stored, (channels,)).copy()
-    e_old = np.broadcast_to(-np.asarray(prep["S"], np.int64).reshape(-1), (channels,)).copy()
+    e_old = np.broadcast_to(-sim._int(node, "shift").astype(np.int64).reshape(-1), (channels,)).copy()
     allowed = allowed_change(m_old, e_old, a, b, lo, hi)
     m_c, e = (m_old, e_old) if shared else fold_shifts(m_old, e_old, allowed)
     eligible = (e >= 0) & (e <= MAX_SHIFT) & (np.maximum(-a, b) < 2**31)
@@ -186,6 +188,11 @@ def match_node(sim, node) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     if shared:
         return new[:1], None, matched
     return np.where(matched, new, m_old), np.where(matched, e, e_old), matched
+
+
+def _ranges(sim, node) -> tuple | None:
+    """A Conv / Gemm's channel ranges, or a MatMul of two activations' one range."""
+    return matmul_ranges(sim, node) if sim._kind(node) == "matmul" else channel_ranges(sim, node)
 
 
 def _try_scale(m, e, a, b, lo, hi, ulps: int, shared: bool, target=None,
@@ -216,7 +223,8 @@ def _try_scale(m, e, a, b, lo, hi, ulps: int, shared: bool, target=None,
 def _eight_bit(graph, node) -> bool:
     """Whether ``node`` reads and writes 8-bit activations: ONNX Runtime's QLinearConv has no
     int16 form, and an int16 output has 256 times the steps to prove."""
-    return all(graph.values[n].quant.dtype in ("uint8", "int8") for n in (node.inputs[0], node.outputs[0])
+    operands = node.inputs[:2] if node.op == "MatMul" else node.inputs[:1]  # a MatMul's B: weights or activation
+    return all(graph.values[n].quant.dtype in ("uint8", "int8") for n in (*operands, node.outputs[0])
                if graph.values[n].quant is not None)
 
 
@@ -226,8 +234,9 @@ def match_multipliers(graph, names=None, progress=None) -> dict:
     from ..sim.integer import IntegerSimulator
 
     sim = IntegerSimulator(graph, "fixedpoint")
-    nodes = [n for n in graph.nodes if sim._kind(n) == "compute" and n.op in ("Conv", "Gemm", "MatMul")
-             and (names is None or n.name in names) and _eight_bit(graph, n)]
+    nodes = [n for n in graph.nodes if (sim._kind(n) == "compute" and n.op in ("Conv", "Gemm", "MatMul") or
+                                        sim._kind(n) == "matmul") and (names is None or n.name in names)
+             and _eight_bit(graph, n)]
     report = {"channels": 0, "matched": 0, "max_relative_change": 0.0, "max_code_change": 0.0, "unmatched_nodes": []}
     for k, node in enumerate(nodes):
         got = match_node(sim, node)
@@ -249,7 +258,7 @@ def match_multipliers(graph, names=None, progress=None) -> dict:
         report["channels"] += len(matched)
         report["matched"] += int(matched.sum())
         report["max_relative_change"] = max(report["max_relative_change"], float(change.max(initial=0)))
-        a, b, lo, hi = channel_ranges(sim, node)
+        a, b, lo, hi = _ranges(sim, node)
         moved = change * largest_output(old.reshape(-1), -old_shift, a, b, lo, hi)
         report["max_code_change"] = max(report["max_code_change"], float(moved.max(initial=0)))
         if not matched.all():

@@ -552,7 +552,8 @@ def _finish(calibrated: tuple, config: QuantConfig, layer_progress):
     if config.bias_correction:
         _step(steps, "bias_correction", layer_progress, correct_bias, graph, data, compute)
     if config.resolved_ort_multipliers:  # last: it depends on the final weights and biases
-        _step(steps, "ort_multipliers", None, match_multipliers, graph, compute)
+        products = {name for name, kind in plan.kinds.items() if kind == "matmul"}  # of two activations
+        _step(steps, "ort_multipliers", None, match_multipliers, graph, compute | products)
     record(graph, config, plan, images, wide_concats, steps)
     graph.check()
     return graph

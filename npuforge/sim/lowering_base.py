@@ -32,6 +32,20 @@ def channel_ranges(plain, node) -> tuple[np.ndarray, ...]:
     return b0 - spread, b0 + spread, lo, hi
 
 
+def matmul_ranges(plain, node) -> tuple[np.ndarray, ...] | None:
+    """(a, b, lo, hi) as :func:`channel_ranges` gives them, for a MatMul of two activations (one
+    channel): every accumulator lies in [-bound, bound], bound = K max|qa - zp_a| max|qb - zp_b|;
+    None where the inner dimension K is not static."""
+    g = plain.graph
+    k = g.values[node.inputs[0]].shape[-1]
+    if not isinstance(k, int):
+        return None
+    bound = k * max_abs_code(plain._q(node.inputs[0])) * max_abs_code(plain._q(node.inputs[1]))
+    yq = plain._q(node.outputs[0])
+    zp = int(yq.zero_point)
+    return np.array([-bound]), np.array([bound]), np.array([int(yq.qmin) - zp]), np.array([int(yq.qmax) - zp])
+
+
 # ops the integer program runs in float that ONNX Runtime computes exactly as the plain path
 # does: elementwise, each output the float32 product ``(q - zp) * s`` compared with a constant,
 # or one correctly rounded conversion (Silero VAD's sample rate cast to float), then the

@@ -54,8 +54,8 @@ from ..ops.activation import FUSED_ATTRS
 from ..quant.requant import multiplier_value
 from . import qlinear_add
 from .lowered import _Builder, channel_subset, matmul_rule, requant_rule, uint8_weights
-from .int_ops import NP_INT, max_abs_code, value_code
-from .lowering_base import LoweringBuilder, channel_ranges, pointwise_conv, runs_in_float
+from .int_ops import NP_INT, value_code
+from .lowering_base import LoweringBuilder, channel_ranges, matmul_ranges, pointwise_conv, runs_in_float
 from .monotone_fit import Formula, fit_channels, float32_nudged, verify
 
 SCATTER_FRACTION = 16  # at most one channel in 16 apart: merged by a scatter (see _merge)
@@ -797,13 +797,11 @@ class QOperatorBuilder(LoweringBuilder):
         else the float lowering's exact product."""
         a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
         qa, qb, qy = (self.codes(node, n) for n in (a, b, y))
-        k = self.graph.values[a].shape[-1]
-        bound = k * max_abs_code(qa) * max_abs_code(qb) if isinstance(k, int) else None
-        if bound is None or bound >= 2**31:
+        ranges = matmul_ranges(self.plain, node)
+        if ranges is None or ranges[1][0] >= 2**31:
             return self._in_float(node, "a MatMul of two activations beyond int32: the float lowering's product")
         prep = matmul_rule(self.plain, node, qa, qb, qy)
-        zp = int(qy.zero_point)
-        lo, hi, ends = np.array([qy.qmin - zp]), np.array([qy.qmax - zp]), (np.array([-bound]), np.array([bound]))
+        lo, hi, ends = ranges[2], ranges[3], ranges[:2]
         if self.plain.rounding == "onnx":
             scales = [np.asarray(prep["scale"], np.float32).reshape(1)]
         else:
