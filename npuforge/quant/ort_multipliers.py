@@ -44,6 +44,11 @@ convolutions keep channels apart, the classifier's the most (its accumulators
 per output step are the largest). On MobileNetV2 17,168 of 18,056: five, of
 which the classifier holds 867 channels.
 
+A MatMul of two 8-bit activations is one channel more, its accumulators within plus or minus
+``K max|a - zp_a| max|b - zp_b|`` (:func:`~npuforge.sim.lowering_base.matmul_ranges`), matched to
+QLinearMatMul's ``rint(float32(acc) * s)`` the same way: attention's weights times V, whose
+multiplier is often below 2^-11, then runs as one QLinearMatMul instead of in float.
+
 The quantizer runs this last (after AdaRound and bias correction) when asked:
 ``--ort-multipliers`` (``QuantConfig.ort_multipliers``); by default it keeps the
 nearest multipliers.
@@ -151,7 +156,7 @@ def fold_shifts(m: np.ndarray, e: np.ndarray, allowed=MAX_CHANGE) -> tuple[np.nd
 
 
 def match_node(sim, node) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(new multipliers, new right shifts, matched channels) of one Conv / Gemm, or None when no
+    """(new multipliers, new right shifts, matched channels) of one Conv / Gemm / MatMul, or None when no
     channel qualifies (a right shift of at most MAX_SHIFT bits, an accumulator within int32). A
     per-channel multiplier that keeps a right shift is tried folded to shift 0 (:func:`fold_shifts`)
     and keeps its fold where it matches; unmatched channels keep their multiplier and shift."""
@@ -229,8 +234,9 @@ def _eight_bit(graph, node) -> bool:
 
 
 def match_multipliers(graph, names=None, progress=None) -> dict:
-    """Rewrite, in place, the shift-0 multipliers of every quantized Conv / Gemm (those
-    in ``names`` if given) to ones ONNX Runtime's QLinearConv reproduces; -> a report."""
+    """Rewrite, in place, the shift-0 multipliers of every quantized Conv / Gemm / MatMul, of two
+    activations too (those in ``names`` if given), to ones ONNX Runtime's QLinearConv / QLinearMatMul
+    reproduces; -> a report."""
     from ..sim.integer import IntegerSimulator
 
     sim = IntegerSimulator(graph, "fixedpoint")
