@@ -1641,16 +1641,21 @@ def test_channels_apart_with_accumulators_past_2_24_run_on_integer_kernels(op):
     assert re.search(r"channels(:| no float32 scale reproduces: all) MatMulInteger, float64", how), how
 
 
-def test_a_clamp_to_the_quantizers_own_saturation_is_left_to_it():
-    """A value computed in float (here the softmax) goes back to codes by QuantizeLinear(v, 1, zp),
-    which saturates to [0, 255] itself: no Clip to [-zp, 255 - zp] before it (checked by ``both`` on every
-    qoperator program), a narrower clamp staying. Codes as the plain path's."""
-    g, x = quantized_graph(Attention(), (2, 6, 4))
-    model = both(g, {g.inputs[0]: x}, "fixedpoint")["qoperator"].model
-    consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
-    made_by = {n.output[0]: n for n in model.graph.node}
-    unit = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and consts.get(n.input[1]) == 1]
-    assert len(unit) >= 1 and all(made_by[n.input[0]].op_type != "Clip" for n in unit)
+def test_a_clamp_to_the_quantizers_own_saturation_is_left_to_it(monkeypatch):
+    """Channels apart (made so here) go back to codes by QuantizeLinear(v, 1, zp), which saturates to
+    [0, 255] itself: no Clip to [-zp, 255 - zp] before it (checked by ``both`` on every qoperator
+    program), a narrower clamp (a fused Relu's) staying. Codes as the plain path's."""
+    from npuforge.sim import qoperator
+
+    monkeypatch.setattr(qoperator, "SMALL_OUTPUT", 0)
+    unprove(monkeypatch, lambda node, channel: channel % 3 == 1)
+    for act in ("", "Relu"):
+        g, x, *_ = conv_case(np.random.default_rng(7), act=act)
+        model = both(g, {"x": x}, "fixedpoint")["qoperator"].model
+        consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+        made_by = {n.output[0]: n for n in model.graph.node}
+        unit = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and consts.get(n.input[1]) == 1]
+        assert len(unit) == 1 and (made_by[unit[0].input[0]].op_type == "Clip") == (act == "Relu")
 
 
 class Classifier1d(torch.nn.Module):
@@ -1691,7 +1696,8 @@ def test_a_concat_of_one_input_is_read_through():
 def assert_no_redundant_nodes(model) -> None:
     """No node of a qoperator program that QOperatorBuilder.finish bypasses: a Clip to [-zp, 255 - zp]
     read only by QuantizeLinear(v, 1, zp), a reshaping node read only by a Reshape to a constant shape,
-    a copy (an Identity, a Concat of one input) read by any node."""
+    a copy (an Identity, a Concat of one input) read by any node, codes of zero point 0 by Floor, Cast
+    and QuantizeLinear."""
     consts = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
     made_by = {o: n for n in model.graph.node for o in n.output}
     readers = collections.Counter(i for n in model.graph.node for i in n.input)
@@ -1702,6 +1708,9 @@ def assert_no_redundant_nodes(model) -> None:
         if n.op_type == "QuantizeLinear" and p.op_type == "Clip" and consts.get(n.input[1]) == 1:
             zp = int(consts[n.input[2]])
             assert tuple(float(consts[k]) for k in p.input[1:]) != (-zp, 255 - zp), n.name
+        if n.op_type == "QuantizeLinear" and p.op_type == "Cast" and consts.get(n.input[2]) == 0:
+            floor = made_by.get(p.input[0])  # zero point 0: Cast(Clip(w, 0, 255), uint8) (finish)
+            assert floor is None or floor.op_type != "Floor" or readers[floor.output[0]] > 1, n.name
         if n.op_type == "Reshape" and n.input[1] in consts and (consts[n.input[1]] != 0).all():
             assert p.op_type not in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"), n.name
     outputs = {o.name for o in model.graph.output}

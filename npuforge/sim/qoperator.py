@@ -181,12 +181,14 @@ class QOperatorBuilder(LoweringBuilder):
         self.nodes[:] = [n for n in self.nodes if not self._codes_by_cast(n, made_by, readers, values)]
 
     def _codes_by_cast(self, n, made_by: dict, readers: Counter, values: dict) -> bool:
-        """``QuantizeLinear(Cast(Floor(w)), 1, zp)``, ``w = v + K`` an exact float64 sum of multiples of
-        2^-t, t <= 45 (a normalization's output; :attr:`exact_sums`), as ``Cast(Clip(v + (K + zp), 0, 255),
-        uint8)`` where ``K + zp`` is exact: ``w + zp`` is then exact wherever it lies in [0, 256) (a multiple of
-        2^-45 below 2^8), and rounded past 0 or 256 no further than to them elsewhere, so the clamp is the
-        saturation of ``floor(w) + zp``, and the Cast to uint8 truncates, which on [0, 255] is the floor.
-        One pass fewer (the Add reads the new constant) -> whether ``n`` went (its Cast took over)."""
+        """``QuantizeLinear(Cast(Floor(w)), 1, zp)`` as ``Cast(Clip(w + zp, 0, 255), uint8)``: the clamp and
+        floor commute (integer bounds), and the Cast to uint8 truncates, which on [0, 255] is the floor.
+        ``w`` is float64 (a Cast to float32 follows its Floor). With zp 0 that holds for any ``w`` (a
+        softmax's quotient). Else ``w = v + K`` must be an exact sum of multiples of 2^-t, t <= 45 (a
+        normalization's output; :attr:`exact_sums`), and ``K + zp`` exact, which then becomes the Add's
+        constant: ``w + zp`` is exact wherever it lies in [0, 256) (a multiple of 2^-45 below 2^8), and
+        rounded past 0 or 256 no further than to them elsewhere. Floor, Cast and QuantizeLinear took three
+        passes -> whether ``n`` went (its Cast took over)."""
         def single(name: str, op: str):
             p = made_by.get(name)
             return p if p is not None and p.op_type == op and readers[name] == 1 else None
@@ -195,23 +197,26 @@ class QOperatorBuilder(LoweringBuilder):
                 values.get(n.input[2]) is None or values[n.input[2]].dtype != np.uint8:
             return False
         cast = single(n.input[0], "Cast")
-        floor = cast and single(cast.input[0], "Floor")
-        total = floor and single(floor.input[0], "Add")
-        if not total or total.output[0] not in self.exact_sums or total.input[1] not in values:
+        floor = cast and cast.attribute[0].i == TensorProto.FLOAT and single(cast.input[0], "Floor")
+        if not floor:
             return False
-        zp, k = int(values[n.input[2]]), values[total.input[1]]
-        shifted = k + np.float64(zp)
-        if k.dtype != np.float64 or any(Fraction(float(a)) != Fraction(float(b)) + zp
-                                        for a, b in zip(shifted.flat, k.flat)):
-            return False
-        total.input[1] = self.const(f"{total.input[1]}+{zp}", shifted)
+        zp = int(values[n.input[2]])
+        if zp:
+            total = single(floor.input[0], "Add")
+            if not total or total.output[0] not in self.exact_sums or total.input[1] not in values:
+                return False
+            k = values[total.input[1]]
+            shifted = k + np.float64(zp)
+            if k.dtype != np.float64 or any(Fraction(float(a)) != Fraction(float(b)) + zp
+                                            for a, b in zip(shifted.flat, k.flat)):
+                return False
+            total.input[1] = self.const(f"{total.input[1]}+{zp}", shifted)
         floor.op_type = "Clip"
-        floor.input[:] = [total.output[0], self.const("float64_0", np.float64(0)),
+        floor.input[:] = [floor.input[0], self.const("float64_0", np.float64(0)),
                           self.const("float64_255", np.float64(255))]
         cast.attribute[0].i = TensorProto.UINT8
         cast.output[0] = cast.name = n.output[0]
         return True
-
 
     # -- nodes lowered in float ------------------------------------------------------------
     def _float_builder(self):
