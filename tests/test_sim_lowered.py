@@ -1794,3 +1794,26 @@ def test_a_matmul_of_two_activations_takes_a_multiplier_qlinearmatmul_reproduces
     assert both(g, {g.inputs[0]: x}, "fixedpoint")["qoperator"].lowering[node.name].startswith("QLinearMatMul")
     g, x = quantized_graph(Attention(), (2, 6, 4))
     assert g.metadata["quantization"]["ort_multipliers"]["channels"] == 3 * 8 + 2  # Q, K, V, the two products
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_constant_of_one_code_is_one_table_over_the_activation(mode):
+    """xcit's qkv projection adds a zero bias after a MatMul of tokens, into int16: a constant of one
+    code that broadcasts into the activation is one table over its codes (not one per element), read at
+    the code alone."""
+    import npuforge
+
+    torch.manual_seed(0)
+    module = torch.nn.Linear(8, 6)
+    with torch.no_grad():
+        module.bias.fill_(0.25)
+    graph = npuforge.from_torch(module.eval(), torch.zeros(1, 5, 8), dynamic_batch=True)
+    add = next(n for n in graph.nodes if n.op == "Add")
+    rng = np.random.default_rng(3)
+    q = npuforge.quantize(graph, [rng.standard_normal((4, 5, 8)).astype(np.float32)], {"int16": [add.name]},
+                          log=lambda m: None)
+    assert q.values[add.outputs[0]].quant.dtype == "int16"
+    x = q.values[q.inputs[0]].quant.quantize(rng.standard_normal((3, 5, 8)).astype(np.float32))
+    lows = both(q, {q.inputs[0]: x}, mode)
+    assert lows["float"].lowering[add.name] == "table 256 over one operand and the constant's 1 distinct codes"
+    assert not any(n.name.startswith(f"{add.name}::row") for n in lows["float"].model.graph.node)

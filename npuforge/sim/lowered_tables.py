@@ -75,7 +75,7 @@ class TableLowerings:
         cshape = tuple(np.asarray(self.plain._int(node, role)).shape) if role in node.quant else ()
         levels = q.qmax - q.qmin + 1
         count = int(np.prod(cshape, dtype=np.int64))
-        if count * levels > MAX_TABLE:
+        if count * levels > MAX_TABLE or count > 1 and self._one_code(node, name, role):
             return self._elementwise_by_constant_code(node, k, role, q, yq)
         codes = np.arange(q.qmin, q.qmax + 1).astype(NP_INT[q.dtype]).reshape((levels,) + (1,) * len(cshape))
         out = self.plain._elementwise(node, {name: torch.from_numpy(codes)})[0]
@@ -133,10 +133,19 @@ class TableLowerings:
         out = integer_forward(self.plain, node, {name: torch.from_numpy(codes)})[0]
         self._table_per_element(node, name, q, yq, cshape, out, "over the input, per slope element")
 
+    def _one_code(self, node, name: str, role: str) -> bool:
+        """Whether the constant operand ``role`` is one code throughout (xcit's zero qkv bias) and broadcasts
+        into the activation ``name`` without widening it: then one table of its codes serves every element."""
+        codes = np.asarray(self.plain._int(node, role))
+        shape = self.graph.values[name].shape
+        return bool((codes == codes.flat[0]).all()) and codes.ndim <= len(shape) and \
+            all(c == 1 or c == d for c, d in zip(codes.shape[::-1], shape[::-1]))
+
     def _elementwise_by_constant_code(self, node, k: int, role: str, q, yq):
         """A constant too large for a table per element (a position embedding) holds few
         distinct codes: one table per distinct code over every code of the activation, the
-        plain path's results on them, read at ``code * distinct + rank of the element's code``."""
+        plain path's results on them, read at ``code * distinct + rank of the element's code``
+        (one code that broadcasts into the activation's shape: at the code alone)."""
         name = node.inputs[k]
         codes = np.asarray(self.plain._int(node, role))
         distinct, rank = np.unique(codes, return_inverse=True)
@@ -153,10 +162,11 @@ class TableLowerings:
         table = np.broadcast_to(out, (levels, distinct.size)) - int(yq.zero_point)
         index = self.emit("Add", [name, self.const(f"{node.name}::off", np.float32(int(q.zero_point) - q.qmin))],
                           f"{node.name}::code")
-        index = self.emit("Mul", [index, self.const(f"{node.name}::distinct", np.float32(distinct.size))],
-                          f"{node.name}::row")
-        ranks = self.const(f"{node.name}::rank", rank.reshape(codes.shape).astype(np.float32))
-        index = self.emit("Add", [index, ranks], f"{node.name}::ix")
+        if distinct.size > 1 or not self._one_code(node, name, role):
+            index = self.emit("Mul", [index, self.const(f"{node.name}::distinct", np.float32(distinct.size))],
+                              f"{node.name}::row")
+            ranks = self.const(f"{node.name}::rank", rank.reshape(codes.shape).astype(np.float32))
+            index = self.emit("Add", [index, ranks], f"{node.name}::ix")
         self._gather(node, index, table.reshape(-1),
                      f"table {table.size} over one operand and the constant's {distinct.size} distinct codes")
 
