@@ -61,13 +61,13 @@ from ..export.onnx_export import _nodes_of
 from ..ops.activation import FUSED_ATTRS
 from ..quant.params import check_finite
 from .float_exec import check_feeds
-from .int_ops import NP_INT, exact_float_dtype, max_abs_code, value_code
+from .int_ops import NP_INT, exact_float_dtype, value_code
 from ..quant.requant import multiplier_value
 from .integer import IntegerSimulator, dequantize_output, quantize_input
 from . import lowered_int64 as int64_rules
 from .lowered_tables import TableLowerings
 from .split import split_simulator
-from .lowering_base import LoweringBuilder, channel_ranges, pointwise_conv
+from .lowering_base import LoweringBuilder, channel_ranges, matmul_ranges, pointwise_conv
 from .monotone_fit import Formula, fit
 
 ENGINES = ("auto", "ort", "plain", "fast")
@@ -492,10 +492,10 @@ class _Builder(TableLowerings, LoweringBuilder):
         plain = self.plain
         aq, bq = (self.activation(node, name) for name in node.inputs[:2])
         yq = self.activation(node, node.outputs[0])
-        k = self.graph.values[node.inputs[0]].shape[-1]
-        if not isinstance(k, int):
-            self.refuse(node, f"its inner dimension {k!r} is not static")
-        bound = k * max_abs_code(aq) * max_abs_code(bq)
+        ranges = matmul_ranges(plain, node)  # (-bound, bound, lo, hi)
+        if ranges is None:
+            self.refuse(node, f"its inner dimension {self.graph.values[node.inputs[0]].shape[-1]!r} is not static")
+        bound = int(ranges[1][0])
         ftype = exact_float_dtype(bound)
         if ftype is None:
             self.refuse(node, f"accumulators up to {bound} are beyond float64's exact 2^53")
@@ -517,11 +517,9 @@ class _Builder(TableLowerings, LoweringBuilder):
         if wide and plain.rounding == "onnx":  # ONNX's rule starts from float32(acc): that rounding is its own
             acc, wide = self.emit("Cast", [acc], f"{node.name}::acc32", to=TensorProto.FLOAT), False
         prep = matmul_rule(plain, node, aq, bq, yq)
-        zp = int(yq.zero_point)
-        lo_c, hi_c = np.array([yq.qmin - zp]), np.array([yq.qmax - zp])
+        lo_c, hi_c = ranges[2:]
         acc_dtype = np.float64 if wide else np.float32
-        formula = proven_formula(plain, node, prep, np.zeros(1, np.int64), np.array([-bound]), np.array([bound]),
-                                 lo_c, hi_c, acc_dtype)
+        formula = proven_formula(plain, node, prep, np.zeros(1, np.int64), *ranges, acc_dtype)
         if formula is None:
             self.refuse(node, "no float formula proven equal to its requantization")
         how = self._formula(node, formula, acc, lo_c, hi_c, [-1], acc_double=wide, reach=bound)

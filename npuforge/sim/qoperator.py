@@ -153,7 +153,6 @@ class QOperatorBuilder(LoweringBuilder):
         only on the elements, in the same order (kws_dscnn1d's Flatten before its classifier's rows). Copies
         are read through (:func:`_copied`)."""
         values = {t.name: numpy_helper.to_array(t) for t in self.inits}
-        readers = Counter(name for n in self.nodes for name in n.input)
         made_by = {o: n for n in self.nodes for o in n.output}
         kept = set(self.graph.outputs)
 
